@@ -1,0 +1,77 @@
+"""Small envs used by the core tests (and an example of writing a TextEnv).
+
+``CoinChain``: walk along a line to a hidden goal. Each move has a 20% chance of a
+gust that pushes you one step further (env-side randomness, drawn from
+``self.np_random``). Actions: ``left``, ``right``, ``look``; anything else is invalid.
+"""
+
+from __future__ import annotations
+
+import twice_envs
+from twice_envs import Protocol, TextEnv
+
+
+class CoinChainReplayOnly(TextEnv):
+    """CoinChain without snapshots: forks go through replay."""
+
+    version = "1"
+    default_max_turns = 12
+
+    def __init__(self, *, length: int = 6, max_turns: int | None = None) -> None:
+        super().__init__(max_turns=max_turns)
+        if length < 2:
+            raise ValueError("length must be >= 2")
+        self.length = length
+
+    def protocol(self) -> Protocol:
+        return Protocol(
+            instructions="Walk to the coin. Actions: left, right, look.",
+            stop=("\n",),
+            action_format="left | right | look",
+        )
+
+    def _info(self) -> dict:
+        return {"admissible_actions": ["left", "look", "right"], "position": self.pos}
+
+    def _reset(self, options: dict) -> tuple[str, dict]:
+        self.goal = int(options.get("goal", self.np_random.integers(1, self.length)))
+        self.pos = 0
+        return f"{self.protocol().instructions}\nYou are at 0. The line has {self.length} cells.", self._info()
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        a = action.strip().lower()
+        if a not in ("left", "right", "look"):
+            info = self._info()
+            info["invalid"] = True
+            shown = action.strip()[:40]
+            return f"Unknown action {shown!r}. Try left, right or look.", 0.0, False, info
+        if a == "look":
+            hint = "warm" if abs(self.goal - self.pos) <= 1 else "cold"
+            return f"You are at {self.pos}. It feels {hint}.", 0.0, False, self._info()
+        move = 1 if a == "right" else -1
+        if self.np_random.random() < 0.2:
+            move *= 2
+        self.pos = min(max(self.pos + move, 0), self.length - 1)
+        if self.pos == self.goal:
+            return f"You are at {self.pos}. You found the coin!", 1.0, True, self._info()
+        return f"You are at {self.pos}.", 0.0, False, self._info()
+
+
+class CoinChain(CoinChainReplayOnly):
+    """CoinChain with snapshots (fast forks)."""
+
+    def _snapshot(self):
+        return (self.goal, self.pos)
+
+    def _restore(self, state) -> None:
+        self.goal, self.pos = state
+
+
+def register() -> None:
+    twice_envs.register("CoinChain-v0", "tests.toy_envs:CoinChain", description="test env (snapshots)", override=True)
+    twice_envs.register(
+        "CoinChainReplay-v0", "tests.toy_envs:CoinChainReplayOnly", description="test env (replay forks)", override=True
+    )
+
+
+register()

@@ -1,0 +1,112 @@
+"""The ``twice`` command line: one entry point, subcommands loaded on demand.
+
+Each subcommand is a ``main(argv) -> int`` function in the module that owns it, so
+``twice envs`` never imports torch and a missing optional dependency only affects
+the commands that need it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Optional, Sequence
+
+#: command -> ("module:function", one-line help). ``bench`` has its own table.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "envs": ("twice_envs.cli:envs_main", "list registered env ids"),
+    "play": ("twice_envs.play:play_main", "play an env in the terminal (:fork N, :undo, :save FILE)"),
+    "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
+    "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
+    "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit"),
+    "models": ("twice_envs.agents.models:models_main", "build or inspect models (build-tiny, smollm2)"),
+    "rollout": ("twice_envs.agents.rollout_cli:rollout_main", "run an agent on an env and save episodes"),
+    "train": ("twice_envs.agents.train:train_main", "train an agent (grpo, twice, crr, vineppo)"),
+    "eval": ("twice_envs.agents.train:eval_main", "greedy evaluation of a checkpoint"),
+    "audit": ("twice_envs.agents.audit:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
+    "plot": ("twice_envs.agents.plots:plot_main", "plot learning curves of several runs"),
+    "demo": ("twice_envs.agents.demo:demo_main", "the main job: train GRPO and Twice on the embedded default"),
+}
+
+BENCHES: dict[str, str] = {
+    "noise": "twice_envs.bench_noise:main",
+    "searchqa": "twice_envs.envs.searchqa.bench:main",
+    "alfworld": "twice_envs.envs.alfworld.bench:main",
+    "webshop": "twice_envs.envs.webshop.bench:main",
+    "sampler": "twice_envs.agents.bench:sampler_main",
+    "rollout": "twice_envs.agents.bench:rollout_main",
+    "vec": "twice_envs.vector.bench:main",
+    "credit": "twice_envs.agents.credit.bench:main",
+}
+
+
+def _load(target: str):
+    module_name, _, func = target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise SystemExit(f"twice: '{module_name}' is not part of this installation") from None
+        raise
+    return getattr(module, func)
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {name.ljust(width)}  {help_}" for name, (_, help_) in COMMANDS.items())
+    return f"usage: twice COMMAND [ARGS...]\n\ncommands:\n{rows}\n\nRun 'twice COMMAND --help' for a command's options."
+
+
+def envs_main(argv: Sequence[str]) -> int:
+    """``twice envs``: one line per registered id."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="twice envs", description="List registered env ids.")
+    parser.parse_args(argv)
+    import twice_envs
+
+    width = max(map(len, twice_envs.registry))
+    for env_id in sorted(twice_envs.registry):
+        print(f"{env_id.ljust(width)}  {twice_envs.descriptions.get(env_id, '')}")
+    return 0
+
+
+def bench_main(argv: Sequence[str]) -> int:
+    """``twice bench NAME [ARGS...]``."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: twice bench NAME [ARGS...]\n\nbenchmarks: " + ", ".join(BENCHES))
+        return 0 if argv else 2
+    name, rest = argv[0], list(argv[1:])
+    if name not in BENCHES:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(BENCHES), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        print(f"twice bench: unknown benchmark '{name}'.{hint} Known: {', '.join(BENCHES)}", file=sys.stderr)
+        return 2
+    return int(_load(BENCHES[name])(rest) or 0)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(cmd, list(COMMANDS), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        print(f"twice: unknown command '{cmd}'.{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    from twice_envs.errors import TwiceError
+
+    try:
+        return int(_load(COMMANDS[cmd][0])(rest) or 0)
+    except TwiceError as exc:
+        print(f"twice {cmd}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

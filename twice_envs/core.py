@@ -1,0 +1,323 @@
+"""The text-environment contract: seeded, replayable and forkable gymnasium envs.
+
+Subclass :class:`TextEnv` and implement three methods::
+
+    class MyEnv(TextEnv):
+        version = "1"
+        def protocol(self) -> Protocol: ...
+        def _reset(self, options: dict) -> tuple[str, dict]: ...   # first obs, info
+        def _step(self, action: str) -> tuple[str, float, bool, dict]:  # obs, reward, terminated, info
+
+The base class does everything the contract needs around them:
+
+* **Seeding in one place.** ``reset(seed=...)`` seeds ``self.np_random``; ``_reset``
+  and ``_step`` must draw all env-side randomness from it (never from ``random``,
+  ``hash()`` or the clock), so the same ``(seed, options)`` gives the same episode
+  in any process. With ``seed=None`` a seed is drawn and recorded.
+* **Bad actions never raise.** An exception inside ``_step`` is a bug; a malformed
+  action must come back from ``_step`` as an observation with ``info["invalid"] = True``.
+* **The record.** ``env.trajectory`` holds the episode with its digest chain.
+* **Forks.** ``env.fork(turn)`` returns an independent env in the state after
+  ``turn`` actions, by snapshot when the subclass implements ``_snapshot`` /
+  ``_restore`` (plain data, never mutated afterwards), otherwise by replay. Both are
+  verified against the digest chain; a mismatch raises :class:`ReplayDivergence`.
+* **Noise.** The env carries a :class:`NoiseSchedule` and reports the key base of
+  the agent's next turn in ``info["noise_key"]``; the factual schedule's seed is
+  derived from the reset seed (or ``options["noise_seed"]``).
+
+Every ``info`` holds ``turn`` (actions taken so far), ``noise_key``, ``invalid`` and
+``digest``; envs with a finite action set add ``admissible_actions``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Optional, SupportsFloat
+
+import gymnasium
+import numpy as np
+
+from twice_envs.errors import ReplayDivergence, TwiceError
+from twice_envs.keys import NoiseKey, NoiseSchedule, derive_episode_seed
+from twice_envs.trajectory import Trajectory, canonical_json, reset_digest, step_digest
+
+#: Reset options the base class consumes itself (not passed to ``_reset``).
+BASE_OPTIONS = ("noise_seed",)
+
+EPISODE_OVER = "The episode is over. Call reset() to start a new one."
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How an agent talks to an env.
+
+    Attributes:
+        instructions: text that explains the action format (already part of the first
+            observation where the env's protocol says so).
+        stop: strings that end an agent's turn; generation stops after the first one.
+        action_format: a one-line summary of a well-formed action.
+    """
+
+    instructions: str
+    stop: tuple[str, ...] = ()
+    action_format: str = ""
+
+
+class TextSpace(gymnasium.spaces.Text):
+    """Any Python string up to ``max_length`` characters (all of Unicode, not a charset)."""
+
+    def __init__(self, max_length: int = 1 << 20, seed: Optional[int] = None) -> None:
+        super().__init__(max_length=max_length, min_length=0, seed=seed)
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"TextSpace(max_length={self.max_length})"
+
+
+class TextEnv(gymnasium.Env[str, str]):
+    """Base class of every twice_envs environment (see the module docstring)."""
+
+    metadata = {"render_modes": ["ansi"]}
+    #: Implementation version, stored in trajectories; bump it when dynamics change.
+    version: str = "1"
+    #: Turns before truncation when ``max_turns`` is not given.
+    default_max_turns: int = 50
+
+    def __init__(self, *, max_turns: Optional[int] = None, render_mode: Optional[str] = None) -> None:
+        if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
+            raise ValueError(f"max_turns must be a positive int, got {max_turns!r}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be None or 'ansi', got {render_mode!r}")
+        self.max_turns = max_turns if max_turns is not None else self.default_max_turns
+        self.render_mode = render_mode
+        self.observation_space = TextSpace()
+        self.action_space = TextSpace()
+        self._traj: Optional[Trajectory] = None
+        self._schedule: Optional[NoiseSchedule] = None
+        self._snapshots: list[Any] = []
+        self._done = False
+        self._last_info: dict = {}
+
+    # ----------------------------------------------------------------- subclass API
+    def protocol(self) -> Protocol:
+        """The env's action protocol (instructions, stop strings)."""
+        raise NotImplementedError
+
+    def _reset(self, options: dict) -> tuple[str, dict]:
+        """Start an episode from ``self.np_random``; return the first observation and info."""
+        raise NotImplementedError
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        """Apply one action; return ``(obs, reward, terminated, info)``. Never raise on bad input."""
+        raise NotImplementedError
+
+    def _snapshot(self) -> Any:
+        """Plain data describing the whole state (optional; enables fast forks)."""
+        raise NotImplementedError
+
+    def _restore(self, state: Any) -> None:
+        """Set the state from a value :meth:`_snapshot` returned (copy what you mutate)."""
+        raise NotImplementedError
+
+    @property
+    def supports_snapshot(self) -> bool:
+        return type(self)._snapshot is not TextEnv._snapshot
+
+    # ----------------------------------------------------------------- identity
+    @property
+    def env_id(self) -> str:
+        """The registered id (``"<unregistered>"`` for an env built by hand)."""
+        return self.spec.id if self.spec is not None else f"<unregistered {type(self).__name__}>"
+
+    @property
+    def make_kwargs(self) -> dict:
+        """The kwargs this env was made with (JSON data)."""
+        return dict(self.spec.kwargs) if self.spec is not None else {}
+
+    # ----------------------------------------------------------------- gymnasium API
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[str, dict]:
+        """Start an episode; the same ``(seed, options)`` always gives the same episode."""
+        if seed is None:
+            seed = int(np.random.SeedSequence().entropy % (1 << 63))
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        seed = int(seed)
+        options = dict(options or {})
+        try:
+            canonical_json(options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"reset options must be JSON data (str, int, float, lists, dicts): {exc}") from None
+        super().reset(seed=seed)
+        noise_seed = options.get("noise_seed")
+        env_options = {k: v for k, v in options.items() if k not in BASE_OPTIONS}
+        obs, info = self._reset(env_options)
+        self._schedule = NoiseSchedule(int(noise_seed) if noise_seed is not None else derive_episode_seed(seed))
+        d0 = reset_digest(self.env_id, self.version, self.make_kwargs, seed, options, obs)
+        self._traj = Trajectory(
+            self.env_id, str(self.version), self.make_kwargs, seed, options, self._schedule.to_json(), [], [obs], [], [d0]
+        )
+        self._done = False
+        info = self._finish_info(info, invalid=bool(info.get("invalid", False)))
+        self._snapshots = [self._take_snapshot()] if self.supports_snapshot else []
+        return obs, info
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict]:
+        """Take the agent's raw turn text (or a plain action); bad actions never raise."""
+        if self._traj is None:
+            raise TwiceError("step() called before reset(); call env.reset(seed=...) first")
+        if self._done:
+            info = self._finish_info({"episode_over": True}, invalid=True)
+            return EPISODE_OVER, 0.0, self._traj.terminated, self._traj.truncated, info
+        if not isinstance(action, str):
+            action = "" if action is None else str(action)
+        obs, reward, terminated, info = self._step(action)
+        reward = float(reward)
+        traj = self._traj
+        traj.actions.append(action)
+        traj.observations.append(obs)
+        traj.rewards.append(reward)
+        traj.digests.append(step_digest(traj.digests[-1], action, obs, reward))
+        truncated = (not terminated) and traj.num_turns >= self.max_turns
+        traj.terminated, traj.truncated = bool(terminated), bool(truncated)
+        self._done = bool(terminated or truncated)
+        info = self._finish_info(info, invalid=bool(info.get("invalid", False)))
+        if self.supports_snapshot:
+            self._snapshots.append(self._take_snapshot())
+        return obs, reward, bool(terminated), bool(truncated), info
+
+    def render(self) -> Optional[str]:
+        if self.render_mode == "ansi" and self._traj is not None:
+            return self._traj.observations[-1]
+        return None
+
+    # ----------------------------------------------------------------- records, noise
+    @property
+    def trajectory(self) -> Trajectory:
+        """The episode so far (a live object; copy it with ``Trajectory.from_json(t.to_json())``)."""
+        if self._traj is None:
+            raise TwiceError("no episode yet: call env.reset(seed=...) first")
+        return self._traj
+
+    @property
+    def turn(self) -> int:
+        """Number of actions taken in this episode."""
+        return self.trajectory.num_turns
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def noise_schedule(self) -> NoiseSchedule:
+        if self._schedule is None:
+            raise TwiceError("no episode yet: call env.reset(seed=...) first")
+        return self._schedule
+
+    def set_noise_schedule(self, schedule: NoiseSchedule | int | dict) -> None:
+        """Bind the noise schedule later turns report (used by twins)."""
+        self._schedule = NoiseSchedule.coerce(schedule)
+        self.trajectory.noise = self._schedule.to_json()
+
+    def noise_key(self) -> NoiseKey:
+        """The key base of the agent's next turn."""
+        return self.noise_schedule.key(self.turn)
+
+    @property
+    def last_info(self) -> dict:
+        """The info dict of the last reset or step."""
+        return self._last_info
+
+    def _finish_info(self, info: dict, invalid: bool) -> dict:
+        info = dict(info)
+        info["invalid"] = invalid
+        info["turn"] = self.turn
+        info["noise_key"] = self.noise_key()
+        info["digest"] = self.trajectory.digest
+        self._last_info = info
+        return info
+
+    # ----------------------------------------------------------------- forks
+    def _take_snapshot(self) -> Any:
+        # bit_generator.state returns a fresh dict, so the snapshot owns it.
+        info = {k: v for k, v in self._last_info.items() if k not in ("turn", "noise_key", "digest")}
+        return (self._snapshot(), self.np_random.bit_generator.state, info)
+
+    def _spawn(self) -> "TextEnv":
+        """A fresh env of the same kind and kwargs (heavy resources come from caches)."""
+        if self.spec is None:
+            raise TwiceError(
+                f"cannot fork an unregistered {type(self).__name__}: create it with twice_envs.make(...) "
+                "or register it with twice_envs.register(...)"
+            )
+        from twice_envs.registry import make
+
+        return make(self.spec.id, **self.spec.kwargs)
+
+    def fork(self, turn: Optional[int] = None) -> "TextEnv":
+        """An independent env in exactly the state after ``turn`` actions (default: now).
+
+        Uses a snapshot where the env supports it, replay otherwise; both verified
+        against the digest chain (:class:`ReplayDivergence` on mismatch).
+        """
+        traj = self.trajectory
+        if turn is None:
+            turn = traj.num_turns
+        if not isinstance(turn, (int, np.integer)) or isinstance(turn, bool):
+            raise TypeError(f"fork(turn) takes an int, got {type(turn).__name__}")
+        if not 0 <= turn <= traj.num_turns:
+            raise ValueError(
+                f"fork({turn}) is outside this episode: it has {traj.num_turns} actions, "
+                f"so turn must be in 0..{traj.num_turns}"
+            )
+        child = self._spawn()
+        if self.supports_snapshot and len(self._snapshots) == traj.num_turns + 1:
+            child._restore_from(self, int(turn))
+        else:
+            child._replay_into(traj, int(turn))
+        child._schedule = self._schedule
+        child._traj.noise = self._schedule.to_json()
+        return child
+
+    def _restore_from(self, parent: "TextEnv", turn: int) -> None:
+        state, rng_state, info = parent._snapshots[turn]
+        prefix = parent.trajectory.prefix(turn)
+        super().reset(seed=prefix.seed)
+        self._restore(state)
+        self.np_random.bit_generator.state = copy.deepcopy(rng_state)
+        self._traj = prefix
+        self._traj.terminated = turn == parent.trajectory.num_turns and parent.trajectory.terminated
+        self._traj.truncated = turn == parent.trajectory.num_turns and parent.trajectory.truncated
+        self._done = self._traj.terminated or self._traj.truncated
+        self._snapshots = parent._snapshots[: turn + 1]
+        self._schedule = parent._schedule
+        self._finish_info(info, invalid=bool(info.get("invalid", False)))
+        # Verify: the state must render the recorded observation.
+        if self._traj.digests[-1] != parent.trajectory.digests[turn]:
+            raise ReplayDivergence(turn, parent.trajectory.digests[turn], self._traj.digests[-1], "snapshot")
+
+    def _replay_into(self, record: Trajectory, turn: int) -> None:
+        if record.env_version != str(self.version):
+            raise ReplayDivergence(
+                0,
+                record.digests[0],
+                "",
+                f"the record is from {record.env_id} version {record.env_version}, "
+                f"the installed env is version {self.version}",
+            )
+        obs, info = self.reset(seed=record.seed, options=record.options)
+        if self._traj.digests[0] != record.digests[0]:
+            raise ReplayDivergence(0, record.digests[0], self._traj.digests[0], "reset observation differs")
+        for t in range(turn):
+            self.step(record.actions[t])
+            if self._traj.digests[t + 1] != record.digests[t + 1]:
+                raise ReplayDivergence(
+                    t + 1,
+                    record.digests[t + 1],
+                    self._traj.digests[t + 1],
+                    f"after action {record.actions[t]!r}",
+                )
+        self._schedule = NoiseSchedule.from_json(record.noise)
+        self._traj.noise = dict(record.noise)

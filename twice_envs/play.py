@@ -1,0 +1,177 @@
+"""``twice play``, ``twice replay`` and ``twice check``: the env from a person's seat."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence, TextIO
+
+PLAY_HELP = """commands (anything else is sent to the env as an action):
+  :fork N    continue from the state after N actions of this episode
+  :undo      take back the last action (same as :fork turn-1)
+  :save FILE save the episode so far as a trajectory file (JSON lines)
+  :actions   list the admissible actions (where the env has them)
+  :reset [SEED]  start again
+  :help      this text
+  :quit      leave"""
+
+
+def _parse_kv(pairs: Sequence[str], what: str) -> dict:
+    out = {}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep:
+            raise SystemExit(f"{what} must be KEY=VALUE, got {p!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def play_main(argv: Sequence[str], stdin: Optional[TextIO] = None, stdout: Optional[TextIO] = None) -> int:
+    """Play ENV: show the observation, read an action, show the reward."""
+    parser = argparse.ArgumentParser(prog="twice play", description="Play an env in the terminal.\n\n" + PLAY_HELP,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("env", help="env id, e.g. SearchQA-v0 (see `twice envs`)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="reset option (JSON value)")
+    parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE", help="make() kwarg (JSON value)")
+    args = parser.parse_args(argv)
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+
+    import twice_envs
+    from twice_envs.trajectory import save_trajectories
+
+    env = twice_envs.make(args.env, **_parse_kv(args.kwarg, "--kwarg"))
+    options = _parse_kv(args.option, "--option")
+    obs, info = env.reset(seed=args.seed, options=options)
+
+    def show(obs: str, info: dict) -> None:
+        print(f"\n--- turn {info['turn']} ---\n{obs}", file=out)
+        if info.get("admissible_actions"):
+            n = len(info["admissible_actions"])
+            print(f"({n} admissible actions; :actions lists them)", file=out)
+
+    print(f"{env.env_id} seed={args.seed}. Type an action, or :help.", file=out)
+    show(obs, info)
+    total = 0.0
+    while True:
+        print("> ", end="", file=out, flush=True)
+        line = stdin.readline()
+        if not line:
+            print("", file=out)
+            break
+        line = line.rstrip("\n")
+        cmd = line.strip()
+        if cmd in (":quit", ":q", ":exit"):
+            break
+        if cmd == ":help":
+            print(PLAY_HELP, file=out)
+            continue
+        if cmd == ":actions":
+            for a in info.get("admissible_actions") or ["(this env does not list admissible actions)"]:
+                print(f"  {a}", file=out)
+            continue
+        if cmd.startswith(":reset"):
+            parts = cmd.split()
+            seed = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else args.seed
+            obs, info = env.reset(seed=seed, options=options)
+            total = 0.0
+            show(obs, info)
+            continue
+        if cmd.startswith(":fork") or cmd == ":undo":
+            if cmd == ":undo":
+                n = env.turn - 1
+            else:
+                parts = cmd.split()
+                if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+                    print("usage: :fork N", file=out)
+                    continue
+                n = int(parts[1])
+            try:
+                env = env.fork(n)
+            except (ValueError, TypeError) as exc:
+                print(f"cannot fork: {exc}", file=out)
+                continue
+            info = env.last_info
+            total = env.trajectory.total_reward
+            show(env.trajectory.observations[-1], info)
+            continue
+        if cmd.startswith(":save"):
+            parts = cmd.split(maxsplit=1)
+            if len(parts) != 2:
+                print("usage: :save FILE", file=out)
+                continue
+            save_trajectories(parts[1], [env.trajectory])
+            print(f"saved {env.turn} turns to {parts[1]}", file=out)
+            continue
+        if cmd.startswith(":"):
+            print(f"unknown command {cmd!r}; :help lists them", file=out)
+            continue
+        obs, reward, terminated, truncated, info = env.step(line)
+        total += float(reward)
+        show(obs, info)
+        flag = " (invalid action)" if info.get("invalid") else ""
+        print(f"reward {float(reward):g}, total {total:g}{flag}", file=out)
+        if terminated or truncated:
+            print(f"episode {'finished' if terminated else 'truncated'}; :reset, :fork N or :quit", file=out)
+    return 0
+
+
+def replay_main(argv: Sequence[str]) -> int:
+    """Replay every trajectory in FILE; report the first divergence of each."""
+    parser = argparse.ArgumentParser(prog="twice replay", description="Re-run saved trajectories and verify them.")
+    parser.add_argument("file", help="a JSON lines trajectory file (from :save, RecordEpisodes or rollouts)")
+    parser.add_argument("--show", action="store_true", help="print each episode's turns")
+    args = parser.parse_args(argv)
+
+    import twice_envs
+    from twice_envs.errors import ReplayDivergence
+
+    bad = 0
+    n = 0
+    for i, record in enumerate(twice_envs.iter_trajectories(args.file), 1):
+        n += 1
+        try:
+            env = twice_envs.replay(record)
+        except ReplayDivergence as exc:
+            bad += 1
+            print(f"episode {i} ({record.env_id}, seed {record.seed}): DIVERGED at turn {exc.turn}: {exc}")
+            if 0 < exc.turn <= record.num_turns:
+                print(f"  action:   {record.actions[exc.turn - 1]!r}")
+                print(f"  recorded: {record.observations[exc.turn][:300]!r}")
+            continue
+        print(
+            f"episode {i} ({record.env_id}, seed {record.seed}): {record.num_turns} turns, "
+            f"reward {record.total_reward:g}: replays exactly"
+        )
+        if args.show:
+            traj = env.trajectory
+            print(traj.observations[0])
+            for a, o, r in zip(traj.actions, traj.observations[1:], traj.rewards):
+                print(f"> {a}\n{o}\n(reward {r:g})")
+    if n == 0:
+        print(f"{args.file}: no episodes")
+        return 1
+    print(f"{n - bad}/{n} episodes replay exactly")
+    return 1 if bad else 0
+
+
+def check_main(argv: Sequence[str]) -> int:
+    """Run the contract checker on an env id."""
+    parser = argparse.ArgumentParser(prog="twice check", description="Check an env against the twice_envs contract.")
+    parser.add_argument("env")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--episodes", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args(argv)
+    import twice_envs
+
+    report = twice_envs.check_env(
+        twice_envs.make(args.env), seed=args.seed, num_episodes=args.episodes, num_steps=args.steps
+    )
+    print(report)
+    return 0

@@ -1,0 +1,155 @@
+"""The env registry: ``make``, ``register`` and ``registry``, on gymnasium ``EnvSpec``.
+
+twice_envs keeps its own registry (a dict of gymnasium ``EnvSpec``) so that ``make``
+returns the :class:`~twice_envs.core.TextEnv` itself, with no checker or
+order-enforcing wrappers in between: forks and trajectories live on the env. Each
+spec is also registered with gymnasium under the ``twice_envs/`` namespace, so
+``gymnasium.make("twice_envs/SearchQA-v0")`` works too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from typing import Any, Callable, Optional
+
+import gymnasium
+from gymnasium.envs.registration import EnvSpec
+
+from twice_envs.errors import MissingExtra, TwiceError
+from twice_envs.trajectory import canonical_json
+
+#: All registered specs by id.
+registry: dict[str, EnvSpec] = {}
+#: One-line descriptions shown by ``twice envs``.
+descriptions: dict[str, str] = {}
+
+
+def register(
+    id: str,
+    entry_point: str | Callable[..., Any],
+    *,
+    kwargs: Optional[dict] = None,
+    description: str = "",
+    max_episode_steps: Optional[int] = None,
+    override: bool = False,
+) -> EnvSpec:
+    """Register an env class (or factory) under ``id``.
+
+    Args:
+        id: ``Name-vN``.
+        entry_point: ``"module.path:ClassName"`` or a callable returning a TextEnv.
+        kwargs: default keyword arguments (JSON data; overridable in ``make``).
+        description: one line for ``twice envs``.
+        max_episode_steps: recorded on the spec for gymnasium tools; the env's own
+            ``max_turns`` does the truncation.
+        override: replace an existing registration instead of raising.
+    """
+    if id in registry and not override:
+        raise TwiceError(f"env id {id!r} is already registered; pass override=True to replace it")
+    kwargs = dict(kwargs or {})
+    canonical_json(kwargs)
+    spec = EnvSpec(
+        id=id,
+        entry_point=entry_point,
+        kwargs=kwargs,
+        max_episode_steps=max_episode_steps,
+        disable_env_checker=True,
+        order_enforce=False,
+    )
+    registry[id] = spec
+    descriptions[id] = description
+    gym_id = f"twice_envs/{id}"
+    if gym_id in gymnasium.registry:
+        del gymnasium.registry[gym_id]
+    gymnasium.register(
+        id=gym_id,
+        entry_point=_gym_entry(id),
+        kwargs={},
+        disable_env_checker=True,
+        order_enforce=False,
+    )
+    return spec
+
+
+def _gym_entry(env_id: str) -> Callable[..., Any]:
+    def _make(**kwargs: Any) -> Any:
+        return make(env_id, **kwargs)
+
+    return _make
+
+
+def _load_entry_point(spec: EnvSpec) -> Callable[..., Any]:
+    ep = spec.entry_point
+    if callable(ep):
+        return ep
+    module_name, _, attr = str(ep).partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except MissingExtra:
+        raise
+    except ImportError as exc:
+        raise TwiceError(f"cannot import {module_name!r} for env {spec.id!r}: {exc}") from exc
+    return getattr(module, attr)
+
+
+def make(id: str, **kwargs: Any) -> Any:
+    """Create a registered env: ``make("SearchQA-v0", k=5)``.
+
+    Unknown ids raise with the close matches; unknown kwargs raise with the accepted
+    names; a missing optional dependency raises with the pip command that installs it.
+    """
+    if not isinstance(id, str):
+        raise TypeError(f"env id must be a string, got {type(id).__name__}")
+    if id.startswith("twice_envs/"):
+        id = id[len("twice_envs/") :]
+    spec = registry.get(id)
+    if spec is None:
+        close = difflib.get_close_matches(id, list(registry), n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        raise TwiceError(f"unknown env id {id!r}.{hint} Run `twice envs` to list all ids.")
+    merged = {**spec.kwargs, **kwargs}
+    try:
+        canonical_json(merged)
+    except (TypeError, ValueError) as exc:
+        raise TwiceError(f"kwargs for {id!r} must be JSON data (so episodes can be replayed): {exc}") from None
+    factory = _load_entry_point(spec)
+    _check_kwargs(id, factory, merged)
+    env = factory(**merged)
+    env.spec = EnvSpec(
+        id=spec.id,
+        entry_point=spec.entry_point,
+        kwargs=merged,
+        max_episode_steps=spec.max_episode_steps,
+        disable_env_checker=True,
+        order_enforce=False,
+    )
+    return env
+
+
+def _check_kwargs(env_id: str, factory: Callable[..., Any], kwargs: dict) -> None:
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    params = sig.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    accepted = [n for n, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    unknown = [k for k in kwargs if k not in accepted]
+    if unknown:
+        hints = []
+        for k in unknown:
+            close = difflib.get_close_matches(k, accepted, n=1)
+            hints.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        raise TwiceError(
+            f"{env_id} got unknown kwargs {', '.join(hints)}. Accepted: {', '.join(sorted(accepted))}"
+        )
+
+
+def spec(id: str) -> EnvSpec:
+    """The spec registered under ``id``."""
+    if id not in registry:
+        make(id)  # raises the helpful unknown-id error
+    return registry[id]

@@ -1,0 +1,227 @@
+"""Trajectory records: what an episode did, with a digest chain that proves it.
+
+A :class:`Trajectory` is plain, JSON-serialisable data: env id, env version and
+kwargs, the reset seed and options, the noise schedule, and per turn the action,
+observation and reward. ``digests[0]`` covers the reset; for ``t >= 1``::
+
+    digests[t] = sha256(digests[t-1], action_t, obs_t, reward_t)
+
+so two records with equal last digests went through identical turns. Files hold one
+record per line (JSON lines) and are written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from twice_envs.errors import TrajectoryFormatError
+
+FORMAT = "twice_envs.trajectory/1"
+
+
+def canonical_json(value: Any) -> str:
+    """Canonical JSON (sorted keys, no spaces, ASCII) used for digests and kwargs."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def _reward_text(reward: float) -> str:
+    r = float(reward)
+    if not math.isfinite(r):
+        raise ValueError(f"reward must be finite, got {reward!r}")
+    return repr(r)
+
+
+def reset_digest(env_id: str, version: str, kwargs: dict, seed: int, options: dict, obs: str) -> str:
+    """Digest of the reset: what the env is, how it was reset, and what it showed first."""
+    payload = canonical_json([FORMAT, env_id, str(version), kwargs, int(seed), options, obs])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def step_digest(previous: str, action: str, obs: str, reward: float) -> str:
+    """``H(digest_{t-1}, action_t, obs_t, reward_t)``."""
+    payload = canonical_json([previous, action, obs, _reward_text(reward)])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass
+class Trajectory:
+    """The record of one episode (see the module docstring).
+
+    Attributes:
+        env_id: registered id the env was made from.
+        env_version: the env implementation's version; a replay refuses another.
+        kwargs: keyword arguments given to ``make`` (JSON data only).
+        seed: the reset seed (always concrete, drawn if the user passed none).
+        options: the reset options.
+        noise: the noise schedule, as :meth:`NoiseSchedule.to_json` gives it.
+        actions: the action text of each turn, as the env received it.
+        observations: ``observations[0]`` is the reset observation, then one per turn.
+        rewards: one per turn.
+        digests: the digest chain, one more entry than ``actions``.
+        terminated, truncated: how the episode ended so far.
+        meta: free-form JSON data (e.g. the agent's token ids); not digested.
+    """
+
+    env_id: str
+    env_version: str
+    kwargs: dict
+    seed: int
+    options: dict
+    noise: dict
+    actions: list[str] = field(default_factory=list)
+    observations: list[str] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)
+    terminated: bool = False
+    truncated: bool = False
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.actions)
+
+    @property
+    def digest(self) -> str:
+        """The last digest: a fingerprint of the whole episode so far."""
+        return self.digests[-1]
+
+    @property
+    def total_reward(self) -> float:
+        return float(sum(self.rewards))
+
+    def prefix(self, turn: int) -> "Trajectory":
+        """A copy holding only the first ``turn`` actions."""
+        return Trajectory(
+            self.env_id,
+            self.env_version,
+            dict(self.kwargs),
+            self.seed,
+            dict(self.options),
+            dict(self.noise),
+            self.actions[:turn],
+            self.observations[: turn + 1],
+            self.rewards[:turn],
+            self.digests[: turn + 1],
+            False,
+            False,
+            {},
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["format"] = FORMAT
+        return d
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "record") -> "Trajectory":
+        """Validate and load a record; errors say what is wrong and where."""
+        if not isinstance(data, dict):
+            raise TrajectoryFormatError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        fmt = data.get("format")
+        if fmt != FORMAT:
+            raise TrajectoryFormatError(
+                f"{where}: not a twice_envs trajectory (format {fmt!r}, expected {FORMAT!r})"
+            )
+        required = {
+            "env_id": str,
+            "env_version": str,
+            "kwargs": dict,
+            "seed": int,
+            "options": dict,
+            "noise": dict,
+            "actions": list,
+            "observations": list,
+            "rewards": list,
+            "digests": list,
+        }
+        for name, typ in required.items():
+            if name not in data:
+                raise TrajectoryFormatError(f"{where}: missing field {name!r}")
+            if not isinstance(data[name], typ) or (typ is int and isinstance(data[name], bool)):
+                raise TrajectoryFormatError(f"{where}: field {name!r} must be {typ.__name__}")
+        n = len(data["actions"])
+        if len(data["observations"]) != n + 1 or len(data["rewards"]) != n or len(data["digests"]) != n + 1:
+            raise TrajectoryFormatError(
+                f"{where}: inconsistent lengths: {n} actions need {n + 1} observations, "
+                f"{n} rewards and {n + 1} digests"
+            )
+        return cls(
+            data["env_id"],
+            data["env_version"],
+            data["kwargs"],
+            data["seed"],
+            data["options"],
+            data["noise"],
+            [str(a) for a in data["actions"]],
+            [str(o) for o in data["observations"]],
+            [float(r) for r in data["rewards"]],
+            [str(d) for d in data["digests"]],
+            bool(data.get("terminated", False)),
+            bool(data.get("truncated", False)),
+            dict(data.get("meta") or {}),
+        )
+
+    def check_chain(self) -> None:
+        """Recompute the step digests from the record; raise if the record was edited."""
+        from twice_envs.errors import ReplayDivergence
+
+        for t in range(1, len(self.digests)):
+            d = step_digest(self.digests[t - 1], self.actions[t - 1], self.observations[t], self.rewards[t - 1])
+            if d != self.digests[t]:
+                raise ReplayDivergence(t, self.digests[t], d, "the record's own digest chain is broken")
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def save_trajectories(path: str | os.PathLike, records: Iterable[Trajectory | dict]) -> None:
+    """Write records as JSON lines, atomically."""
+    lines = []
+    for r in records:
+        data = r.to_json() if isinstance(r, Trajectory) else r
+        lines.append(json.dumps(data, ensure_ascii=False, allow_nan=False))
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:
+    """Read records from a JSON lines file; errors name the file and line."""
+    path = Path(path)
+    if not path.exists():
+        raise TrajectoryFormatError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            yield Trajectory.from_json(data, where=f"{path}:{lineno}")
+
+
+def load_trajectories(path: str | os.PathLike) -> list[Trajectory]:
+    """All records of a JSON lines file."""
+    return list(iter_trajectories(path))
