@@ -34,7 +34,7 @@ BENCHES: dict[str, str] = {
     "webshop": "twice_envs.envs.webshop.bench:main",
     "sampler": "twice_envs.agents.bench:sampler_main",
     "rollout": "twice_envs.agents.bench:rollout_main",
-    "vec": "twice_envs.vector.bench:main",
+    "vec": "twice_envs.wrappers.vector_bench:main",
     "credit": "twice_envs.agents.credit.bench:main",
 }
 

@@ -1,0 +1,113 @@
+"""Plain data that flows rollout -> credit -> loss: turns, episodes, twins.
+
+Everything here is JSON-serialisable data (lists, floats, strings), so a batch of
+episodes can be saved, inspected and fed to any credit estimator, which are pure
+functions of these records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from twice_envs.keys import NoiseKey
+
+
+@dataclass
+class TurnRecord:
+    """One agent turn: what was generated and what the env answered.
+
+    Attributes:
+        token_ids: the generated tokens (loss mask 1).
+        logprobs: log-prob of each generated token under the sampling distribution
+            (temperature and top-p applied), from the policy that generated it.
+        text: the decoded turn (the env's action).
+        noise_key: key base ``(episode_seed, turn, branch, 0, 0)`` the turn was sampled with.
+        obs: the env's answer to the turn.
+        obs_token_ids: the observation's tokens as they enter the next prompt (loss mask 0).
+        reward: the env reward for the turn.
+        digest: the env digest after the turn.
+        entropy: mean per-token entropy of the sampling distribution over the turn.
+        invalid: the env flagged the action as invalid.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+    noise_key: NoiseKey
+    obs: str = ""
+    obs_token_ids: list[int] = field(default_factory=list)
+    reward: float = 0.0
+    digest: str = ""
+    entropy: float = 0.0
+    invalid: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode of an agent on an env.
+
+    Attributes:
+        env_id: the env's registered id.
+        seed: the env reset seed (identifies the task together with ``options``).
+        options: the reset options.
+        group: index of the task group (GRPO groups are episodes with the same task).
+        prompt_ids: tokens of the first prompt (chat template applied).
+        turns: the agent turns in order.
+        utility: the episode's outcome used for credit (sum of rewards by default).
+        trajectory: the env's :class:`~twice_envs.Trajectory` as JSON.
+        terminated, truncated: how the episode ended.
+        info: the final env info entries worth keeping (e.g. ``em``, ``f1``, ``won``).
+        twin_of: for a twin, ``(index of the factual episode in its batch, branch turn)``.
+        branch: 0 for a factual episode, ``k >= 1`` for a twin's alternative.
+        coupled: for a twin, whether it reads the factual noise after the branch.
+        self_twin: the twin's alternative turn equals the factual turn (D = 0, nothing generated).
+        same_evidence: the alternative turn's observation equals the factual one.
+    """
+
+    env_id: str
+    seed: int
+    options: dict
+    group: int = 0
+    prompt_ids: list[int] = field(default_factory=list)
+    turns: list[TurnRecord] = field(default_factory=list)
+    utility: float = 0.0
+    trajectory: Optional[dict] = None
+    terminated: bool = False
+    truncated: bool = False
+    info: dict = field(default_factory=dict)
+    twin_of: Optional[tuple[int, int]] = None
+    branch: int = 0
+    coupled: bool = True
+    self_twin: bool = False
+    same_evidence: bool = False
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(t.num_tokens for t in self.turns)
+
+    def remaining_tokens(self, turn: int) -> int:
+        """Generated tokens from ``turn`` (inclusive) to the end: a twin's cost bound."""
+        return sum(t.num_tokens for t in self.turns[turn:])
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for t in d["turns"]:
+            t["noise_key"] = list(t["noise_key"])
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "EpisodeRecord":
+        d = dict(d)
+        turns = []
+        for t in d.pop("turns", []):
+            t = dict(t)
+            t["noise_key"] = NoiseKey.from_json(t["noise_key"])
+            turns.append(TurnRecord(**t))
+        if d.get("twin_of") is not None:
+            d["twin_of"] = tuple(d["twin_of"])
+        return cls(turns=turns, **d)
