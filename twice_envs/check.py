@@ -96,11 +96,21 @@ def rollout(
     actions = []
     for _ in range(num_steps):
         a = policy(env, info, rng)
-        _, _, term, trunc, info = env.step(a)
+        _, _, term, trunc, info = safe_step(env, a)
         actions.append(a)
         if term or trunc:
             break
     return actions
+
+
+def safe_step(env: Any, action: str) -> tuple:
+    """``env.step(action)``, turning an exception into a :class:`CheckFailure`."""
+    try:
+        return env.step(action)
+    except Exception as exc:  # noqa: BLE001 -- the contract says never raise
+        raise CheckFailure(
+            f"step({action[:40]!r}) raised {type(exc).__name__}: {exc}; bad actions must give an observation"
+        ) from exc
 
 
 def _episode_fingerprint(env: Any) -> list[str]:
@@ -200,7 +210,7 @@ def check_env(
             for _ in range(3):
                 if g.done:
                     break
-                _, _, _, _, g_info = g.step(random_actions(g, g_info, rng, extra_actions))
+                _, _, _, _, g_info = safe_step(g, random_actions(g, g_info, rng, extra_actions))
             if env.trajectory.digests != record.digests:
                 _fail(f"stepping fork({t}) changed the original episode")
         if base.supports_snapshot:
@@ -236,10 +246,7 @@ def check_env(
     # bad actions
     for bad in BAD_ACTIONS:
         env.reset(seed=seed, options=options)
-        try:
-            obs, reward, term, trunc, info = env.step(bad)
-        except Exception as exc:  # noqa: BLE001 -- the contract says never raise
-            _fail(f"step({bad[:40]!r}) raised {type(exc).__name__}: {exc}; bad actions must give an observation")
+        obs, reward, term, trunc, info = safe_step(env, bad)
         if not isinstance(obs, str) or not np.isfinite(float(reward)) or not isinstance(info.get("invalid"), bool):
             _fail(f"step({bad[:40]!r}) must return a str observation, a finite reward and info['invalid'] (bool)")
     # stepping after the end does not raise either
@@ -288,14 +295,18 @@ def replay_in_subprocess(record: dict, hashseed: str = "12345", imports: Sequenc
 
     spec = registry.get(record["env_id"])
     mods = list(imports)
+    entry = None
     if spec is not None and isinstance(spec.entry_point, str):
         mods.append(spec.entry_point.split(":")[0])
+        entry = spec.entry_point
     code = (
         "import json, sys, importlib\n"
         "import twice_envs\n"
         "data = json.loads(sys.stdin.read())\n"
         "for m in data['imports']: importlib.import_module(m)\n"
         "rec = data['record']\n"
+        "if rec['env_id'] not in twice_envs.registry and data['entry']:\n"
+        "    twice_envs.register(rec['env_id'], data['entry'])\n"
         "env = twice_envs.make(rec['env_id'], **rec['kwargs'])\n"
         "env.reset(seed=rec['seed'], options=rec['options'])\n"
         "for a in rec['actions']: env.step(a)\n"
@@ -306,7 +317,7 @@ def replay_in_subprocess(record: dict, hashseed: str = "12345", imports: Sequenc
     child_env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [child_env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-c", code],
-        input=json.dumps({"record": record, "imports": mods}),
+        input=json.dumps({"record": record, "imports": mods, "entry": entry}),
         capture_output=True,
         text=True,
         env=child_env,

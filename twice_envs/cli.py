@@ -64,7 +64,7 @@ def envs_main(argv: Sequence[str]) -> int:
     parser.parse_args(argv)
     import twice_envs
 
-    width = max(map(len, twice_envs.registry))
+    width = max(map(len, twice_envs.registry), default=0)
     for env_id in sorted(twice_envs.registry):
         print(f"{env_id.ljust(width)}  {twice_envs.descriptions.get(env_id, '')}")
     return 0

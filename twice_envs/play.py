@@ -126,9 +126,16 @@ def replay_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="twice replay", description="Re-run saved trajectories and verify them.")
     parser.add_argument("file", help="a JSON lines trajectory file (from :save, RecordEpisodes or rollouts)")
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (one that registers the episodes' env ids)")
     args = parser.parse_args(argv)
 
+    import importlib
+
     import twice_envs
+
+    for m in args.imports:
+        importlib.import_module(m)
     from twice_envs.errors import ReplayDivergence
 
     bad = 0

@@ -97,6 +97,9 @@ def _load_entry_point(spec: EnvSpec) -> Callable[..., Any]:
 def make(id: str, **kwargs: Any) -> Any:
     """Create a registered env: ``make("SearchQA-v0", k=5)``.
 
+    ``make("my_pkg.envs:MyEnv-v0")`` imports ``my_pkg.envs`` (which registers the id)
+    first, as in gymnasium.
+
     Unknown ids raise with the close matches; unknown kwargs raise with the accepted
     names; a missing optional dependency raises with the pip command that installs it.
     """
@@ -104,6 +107,13 @@ def make(id: str, **kwargs: Any) -> Any:
         raise TypeError(f"env id must be a string, got {type(id).__name__}")
     if id.startswith("twice_envs/"):
         id = id[len("twice_envs/") :]
+    if ":" in id:
+        # gymnasium's "module:Env-v0" form: import the module that registers the id first.
+        module_name, _, id = id.rpartition(":")
+        try:
+            importlib.import_module(module_name)
+        except ImportError as exc:
+            raise TwiceError(f"cannot import {module_name!r} to register {id!r}: {exc}") from exc
     spec = registry.get(id)
     if spec is None:
         close = difflib.get_close_matches(id, list(registry), n=3, cutoff=0.5)
@@ -115,8 +125,12 @@ def make(id: str, **kwargs: Any) -> Any:
     except (TypeError, ValueError) as exc:
         raise TwiceError(f"kwargs for {id!r} must be JSON data (so episodes can be replayed): {exc}") from None
     factory = _load_entry_point(spec)
-    _check_kwargs(id, factory, merged)
-    env = factory(**merged)
+    ctor_kwargs = dict(merged)
+    render_mode = ctor_kwargs.pop("render_mode", None) if not _accepts(factory, "render_mode") else None
+    _check_kwargs(id, factory, ctor_kwargs)
+    env = factory(**ctor_kwargs)
+    if render_mode is not None:
+        env.render_mode = render_mode
     env.spec = EnvSpec(
         id=spec.id,
         entry_point=spec.entry_point,
@@ -126,6 +140,14 @@ def make(id: str, **kwargs: Any) -> Any:
         order_enforce=False,
     )
     return env
+
+
+def _accepts(factory: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return True
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
 
 
 def _check_kwargs(env_id: str, factory: Callable[..., Any], kwargs: dict) -> None:

@@ -1,0 +1,62 @@
+"""make / register / registry: helpful errors and gymnasium interop."""
+
+from __future__ import annotations
+
+import gymnasium
+import pytest
+
+import twice_envs
+from twice_envs import MissingExtra, TwiceError
+from twice_envs._deps import require
+from tests import toy_envs  # noqa: F401
+
+
+def test_unknown_id_suggests_close_matches():
+    with pytest.raises(TwiceError, match="CoinChain-v0"):
+        twice_envs.make("CoinChian-v0")
+    with pytest.raises(TwiceError, match="twice envs"):
+        twice_envs.make("Nothing-like-it")
+
+
+def test_bad_kwargs_name_the_accepted_ones():
+    with pytest.raises(TwiceError, match=r"'lenght' \(did you mean 'length'\?\)"):
+        twice_envs.make("CoinChain-v0", lenght=4)
+    with pytest.raises(TwiceError, match="JSON"):
+        twice_envs.make("CoinChain-v0", length=object())
+
+
+def test_kwargs_are_recorded_on_the_spec_and_trajectory():
+    env = twice_envs.make("CoinChain-v0", length=9)
+    env.reset(seed=0)
+    assert env.spec.kwargs == {"length": 9}
+    assert env.trajectory.kwargs == {"length": 9}
+    assert env.fork(0).length == 9
+
+
+def test_module_colon_id_form_imports_the_module():
+    env = twice_envs.make("tests.toy_envs:CoinChain-v0")
+    assert env.env_id == "CoinChain-v0"
+    with pytest.raises(TwiceError, match="cannot import"):
+        twice_envs.make("no_such_module_xyz:CoinChain-v0")
+
+
+def test_gymnasium_make_works_through_namespace():
+    env = gymnasium.make("twice_envs/CoinChain-v0", length=5)
+    obs, info = env.reset(seed=0)
+    assert isinstance(obs, str) and "5 cells" in obs
+
+
+def test_duplicate_registration_needs_override():
+    with pytest.raises(TwiceError, match="override"):
+        twice_envs.register("CoinChain-v0", "tests.toy_envs:CoinChain")
+
+
+def test_missing_extra_names_pip_command():
+    with pytest.raises(MissingExtra, match=r"pip install 'twice-envs\[search\]'"):
+        require("no_such_module_for_twice", "search", "BM25 retrieval")
+
+
+def test_builtin_ids_are_registered():
+    for env_id in ["SearchQA-v0", "ALFWorld-v0", "WebShop-v0"]:
+        if env_id in twice_envs.registry:
+            assert twice_envs.descriptions[env_id]
