@@ -25,6 +25,16 @@ from twice_envs.check import check_env
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # Adapters load on first use so that `import twice_envs` stays light.
+    if name == "make_vec":
+        from twice_envs.wrappers.vector import make_vec
+
+        return make_vec
+    raise AttributeError(f"module 'twice_envs' has no attribute {name!r}")
+
+
 __all__ = [
     "DataFormatError",
     "MissingExtra",
@@ -44,6 +54,7 @@ __all__ = [
     "iter_trajectories",
     "load_trajectories",
     "make",
+    "make_vec",
     "register",
     "registry",
     "replay",
