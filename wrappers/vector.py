@@ -104,7 +104,7 @@ def _seed_list(seeds: Any, num_envs: int, what: str) -> list[Optional[int]]:
     return [_check_seed(s, f"{what}[{i}]") for i, s in enumerate(seeds)]
 
 
-class SeededSubEnv(ForkableWrapper):
+class SeededSubEnv(ForkableWrapper, gymnasium.utils.RecordConstructorArgs):
     """A sub-env of a text vector env: seed stream, default options, finished records.
 
     Attributes:
@@ -114,7 +114,10 @@ class SeededSubEnv(ForkableWrapper):
     """
 
     def __init__(self, env: Any, next_seed: Optional[int], stride: int, default_options: Optional[dict]) -> None:
-        super().__init__(env)
+        gymnasium.utils.RecordConstructorArgs.__init__(
+            self, next_seed=next_seed, stride=stride, default_options=default_options
+        )
+        ForkableWrapper.__init__(self, env)
         self.next_seed = next_seed
         self.stride = stride
         self.default_options = dict(default_options) if default_options else None
