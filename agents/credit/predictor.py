@@ -1,0 +1,155 @@
+"""The discordance predictor: how likely is a twin of this decision to change the outcome?
+
+A logistic regression on nine features of a decision predicts ``eta_t = P(D_t != 0)``,
+the input of the square-root branching rule. It is fitted online on the realised twins
+of each update by weighted SGD (learning rate 0.05, weight decay 1e-4); a twin that was
+run with probability ``q_t q_same^{e_t}`` gets weight ``1 / (q_t q_same^{e_t})`` so that
+the fit targets the whole population of decisions, not just the ones we chose to
+branch. The weights are divided by their batch mean (self-normalised) so that a
+weight of 80 cannot throw one SGD step across the parameter space.
+
+Features (scaled to order one by fixed constants, so no running statistics need
+checkpointing): group success rate ``p``, ``p^2``, factual utility ``U``, ``U p``, the
+turn's mean token entropy, whether the turn is a search, the turn index / 5, the
+remaining turns / 5 and ``log(1 + remaining tokens) / 6``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from twice_envs.agents.types import EpisodeRecord
+
+FEATURE_NAMES = (
+    "p",
+    "p2",
+    "utility",
+    "utility_x_p",
+    "entropy",
+    "is_search",
+    "turn",
+    "remaining_turns",
+    "log_remaining_tokens",
+)
+NUM_FEATURES = len(FEATURE_NAMES)
+#: Published fit settings.
+LEARNING_RATE = 0.05
+WEIGHT_DECAY = 1e-4
+
+
+@dataclass
+class PredictorState:
+    """Parameters of the logistic regression (plain arrays: checkpoint with :meth:`to_json`)."""
+
+    weights: np.ndarray = field(default_factory=lambda: np.zeros(NUM_FEATURES))
+    bias: float = 0.0
+    updates: int = 0
+
+    def to_json(self) -> dict:
+        return {"weights": [float(w) for w in self.weights], "bias": float(self.bias), "updates": int(self.updates)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "PredictorState":
+        return cls(np.asarray(d["weights"], dtype=np.float64), float(d["bias"]), int(d["updates"]))
+
+
+def group_success(episodes: Sequence[EpisodeRecord]) -> np.ndarray:
+    """Per-episode success rate of its group (mean utility clipped to [0, 1])."""
+    u = np.clip(np.array([ep.utility for ep in episodes], dtype=np.float64), 0.0, 1.0)
+    g = np.array([ep.group for ep in episodes])
+    p = np.zeros_like(u)
+    for key in np.unique(g):
+        p[g == key] = u[g == key].mean()
+    return p
+
+
+def is_search_turn(text: str) -> bool:
+    """A SearchQA-style search action (other envs: never)."""
+    return "<search>" in text
+
+
+def decision_index(episodes: Sequence[EpisodeRecord]) -> list[tuple[int, int]]:
+    """Every decision ``(episode, turn)`` of a batch, in order."""
+    return [(i, t) for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
+
+
+def decision_features(episodes: Sequence[EpisodeRecord], index: Optional[Sequence[tuple[int, int]]] = None) -> np.ndarray:
+    """The ``(N, 9)`` feature matrix of the decisions in ``index`` (default: all)."""
+    index = decision_index(episodes) if index is None else index
+    p = group_success(episodes)
+    X = np.zeros((len(index), NUM_FEATURES))
+    for row, (i, t) in enumerate(index):
+        ep = episodes[i]
+        turn = ep.turns[t]
+        n = len(ep.turns)
+        X[row] = (
+            p[i],
+            p[i] ** 2,
+            ep.utility,
+            ep.utility * p[i],
+            turn.entropy,
+            float(is_search_turn(turn.text)),
+            t / 5.0,
+            (n - t - 1) / 5.0,
+            np.log1p(ep.remaining_tokens(t)) / 6.0,
+        )
+    return X
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def predict(state: PredictorState, X: np.ndarray) -> np.ndarray:
+    """Predicted discordance probabilities ``eta``."""
+    return _sigmoid(np.asarray(X) @ state.weights + state.bias)
+
+
+def sgd_update(
+    state: PredictorState,
+    X: np.ndarray,
+    y: np.ndarray,
+    sample_weight: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    lr: float = LEARNING_RATE,
+    weight_decay: float = WEIGHT_DECAY,
+) -> PredictorState:
+    """One pass of weighted SGD over the realised twins (in a random order); returns the new state."""
+    X = np.asarray(X, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    w = np.asarray(sample_weight, dtype=np.float64)
+    weights, bias = state.weights.copy(), float(state.bias)
+    if len(y):
+        w = w / w.mean()
+        for j in rng.permutation(len(y)):
+            err = float(_sigmoid(X[j] @ weights + bias)) - y[j]
+            weights -= lr * (w[j] * err * X[j] + weight_decay * weights)
+            bias -= lr * w[j] * err
+    return PredictorState(weights, bias, state.updates + 1)
+
+
+def auc(scores: Sequence[float], labels: Sequence[float]) -> float:
+    """Area under the ROC curve (ties count one half); NaN when one class is missing."""
+    s = np.asarray(scores, dtype=np.float64)
+    y = np.asarray(labels).astype(bool)
+    pos, neg = s[y], s[~y]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    order = np.argsort(np.concatenate([pos, neg]), kind="mergesort")
+    allv = np.concatenate([pos, neg])[order]
+    ranks = np.empty(len(allv))
+    # average ranks over ties
+    i = 0
+    while i < len(allv):
+        j = i
+        while j + 1 < len(allv) and allv[j + 1] == allv[i]:
+            j += 1
+        ranks[i : j + 1] = 0.5 * (i + j) + 1.0
+        i = j + 1
+    r = np.empty(len(allv))
+    r[order] = ranks
+    return float((r[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))

@@ -1,0 +1,50 @@
+"""VinePPO credit: Monte Carlo values at every turn boundary, from forks.
+
+``V(s_t)`` is the mean utility of ``K`` independent rollouts from a fork of the
+factual episode at turn ``t`` (fresh noise from turn ``t`` on, so each is a sample of
+the policy's return from ``s_t``). The state after the last turn is terminal:
+``V(s_T) = U``. Credit of turn ``t`` is ``V(s_{t+1}) - V(s_t)``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from twice_envs.agents.types import EpisodeRecord
+
+#: Published rollouts per state.
+K_ROLLOUTS = 2
+
+
+def value_states(episodes: Sequence[EpisodeRecord]) -> list[tuple[int, int]]:
+    """The states whose value is estimated: ``(episode, t)`` for every turn ``t``."""
+    return [(i, t) for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
+
+
+def state_values(
+    episodes: Sequence[EpisodeRecord], value_rollouts: Sequence[EpisodeRecord]
+) -> list[np.ndarray]:
+    """``V(s_0..s_T)`` per episode (length ``T + 1``); rollouts name their state by ``twin_of``."""
+    sums = [np.zeros(len(ep.turns) + 1) for ep in episodes]
+    counts = [np.zeros(len(ep.turns) + 1) for ep in episodes]
+    for r in value_rollouts:
+        i, t = r.twin_of
+        u = episodes[i].utility if r.self_twin else r.utility
+        sums[i][t] += u
+        counts[i][t] += 1
+    values = []
+    for i, ep in enumerate(episodes):
+        v = np.where(counts[i] > 0, sums[i] / np.maximum(counts[i], 1), np.nan)
+        v[len(ep.turns)] = ep.utility
+        if np.isnan(v).any():
+            missing = [t for t in range(len(ep.turns)) if np.isnan(v[t])]
+            raise ValueError(f"episode {i} has no value rollouts for turns {missing}")
+        values.append(v)
+    return values
+
+
+def vine_credit(episodes: Sequence[EpisodeRecord], value_rollouts: Sequence[EpisodeRecord]) -> list[np.ndarray]:
+    """``V(s_{t+1}) - V(s_t)`` per turn, one array per episode."""
+    return [np.diff(v) for v in state_values(episodes, value_rollouts)]

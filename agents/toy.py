@@ -1,0 +1,261 @@
+"""CreditToy-v0: a tiny env whose advantages are known exactly, for testing credit.
+
+Three turns; each turn the agent picks one of four actions ``0 1 2 3``. Action ``a`` at
+turn ``t`` scores ``SCORES[t][a]`` points; the episode's utility (its only reward, paid
+at the last turn) is 1 when the points reach ``THRESHOLD`` and 0 otherwise. After each
+action the env shows *evidence*: a red light for actions 0-1 and a green light for
+2-3, so two different actions often get the same observation (same-evidence twins).
+
+The toy policy is categorical with logits that depend on the turn and the previous
+action (as an LLM's next turn depends on its own earlier text). It samples exactly
+like the LLM sampler: ``argmax(logits + g)`` with keyed Gumbel noise ``g`` read at the
+env's reported key, through the same fork and twin machinery. Everything is small
+enough to enumerate, so ``V(s)`` and ``A(s, a)`` are exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Optional, Sequence
+
+import numpy as np
+
+import twice_envs
+from twice_envs import NoiseKey, NoiseSchedule, Protocol, TextEnv, derive_episode_seed
+from twice_envs.agents.types import EpisodeRecord, TurnRecord
+from twice_envs.noise import gumbel_np, key_rows
+from twice_envs.wrappers.twin import twin
+
+TOY_ID = "CreditToy-v0"
+NUM_ACTIONS = 4
+NUM_TURNS = 3
+SCORES = ((0, 2, 1, 0), (1, 0, 2, 0), (0, 1, 0, 2))
+THRESHOLD = 3
+EVIDENCE = ("red", "red", "green", "green")
+#: History entry for an invalid action (a wasted turn that scores nothing).
+INVALID = -1
+
+
+def utility_of(history: Sequence[int]) -> float:
+    """1.0 when the actions' points reach ``THRESHOLD``."""
+    points = sum(SCORES[t][a] for t, a in enumerate(history) if a != INVALID)
+    return 1.0 if points >= THRESHOLD else 0.0
+
+
+class CreditToyEnv(TextEnv):
+    """Three choices of one of four actions; utility 1 for enough points (see the module)."""
+
+    version = "1"
+    default_max_turns = NUM_TURNS
+
+    def __init__(self, *, max_turns: Optional[int] = None) -> None:
+        super().__init__(max_turns=max_turns)
+
+    def protocol(self) -> Protocol:
+        return Protocol(
+            instructions=f"Pick an action 0-{NUM_ACTIONS - 1} on each of {NUM_TURNS} turns; collect enough points.",
+            stop=("\n",),
+            action_format="0 | 1 | 2 | 3",
+        )
+
+    def _info(self) -> dict:
+        return {"admissible_actions": [str(a) for a in range(NUM_ACTIONS)], "history": list(self.history)}
+
+    def _reset(self, options: dict) -> tuple[str, dict]:
+        self.history: list[int] = []
+        return self.protocol().instructions, self._info()
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        text = action.strip()
+        invalid = text not in {str(a) for a in range(NUM_ACTIONS)}
+        a = INVALID if invalid else int(text)
+        self.history.append(a)
+        done = len(self.history) >= NUM_TURNS
+        reward = utility_of(self.history) if done else 0.0
+        info = self._info()
+        if invalid:
+            info["invalid"] = True
+            obs = f"Invalid action {text[:20]!r}: answer with one digit 0-{NUM_ACTIONS - 1}. Turn wasted."
+        else:
+            obs = f"A {EVIDENCE[a]} light."
+        return obs, reward, done, info
+
+    def _snapshot(self):
+        return tuple(self.history)
+
+    def _restore(self, state) -> None:
+        self.history = list(state)
+
+
+twice_envs.register(TOY_ID, "twice_envs.agents.toy:CreditToyEnv", description="credit test env (exact advantages)", override=True)
+
+
+# --------------------------------------------------------------------------- the toy policy
+
+
+@dataclass(frozen=True)
+class ToyPolicy:
+    """Categorical policy: ``logits[t, prev]`` over the four actions (``prev = 4``: none/invalid)."""
+
+    logits: np.ndarray = field(hash=False, compare=False)
+
+    def probs(self, turn: int, prev: int) -> np.ndarray:
+        z = self.logits[turn, prev if prev >= 0 else NUM_ACTIONS]
+        p = np.exp(z - z.max())
+        return p / p.sum()
+
+
+def toy_policy(seed: int = 2, scale: float = 1.2) -> ToyPolicy:
+    """The fixed toy policy used by the tests (seeded normal logits)."""
+    rng = np.random.default_rng(seed)
+    return ToyPolicy(scale * rng.standard_normal((NUM_TURNS, NUM_ACTIONS + 1, NUM_ACTIONS)))
+
+
+def _prev(history: Sequence[int]) -> int:
+    return history[-1] if history else NUM_ACTIONS
+
+
+def exact_value(policy: ToyPolicy, history: tuple[int, ...]) -> float:
+    """``V(s)``: expected utility from the state after ``history`` (enumeration)."""
+    return _values(policy)[tuple(history)]
+
+
+@lru_cache(maxsize=8)
+def _values_cached(key: bytes) -> dict:
+    logits = np.frombuffer(key, dtype=np.float64).reshape(NUM_TURNS, NUM_ACTIONS + 1, NUM_ACTIONS)
+    policy = ToyPolicy(logits)
+    values: dict[tuple[int, ...], float] = {}
+    for depth in range(NUM_TURNS, -1, -1):
+        for h in itertools.product(range(NUM_ACTIONS), repeat=depth):
+            if depth == NUM_TURNS:
+                values[h] = utility_of(h)
+            else:
+                p = policy.probs(depth, _prev(h))
+                values[h] = float(sum(p[a] * values[h + (a,)] for a in range(NUM_ACTIONS)))
+    return values
+
+
+def _values(policy: ToyPolicy) -> dict:
+    return _values_cached(np.ascontiguousarray(policy.logits, dtype=np.float64).tobytes())
+
+
+def exact_advantage(policy: ToyPolicy, history: Sequence[int], action: int) -> float:
+    """``A(s, a) = V(s + a) - V(s)``."""
+    h = tuple(history)
+    return exact_value(policy, h + (action,)) - exact_value(policy, h)
+
+
+def exact_advantages(policy: ToyPolicy, episodes: Sequence[EpisodeRecord]) -> list[np.ndarray]:
+    """Exact ``A(s_t, y_t)`` for every turn of toy episodes."""
+    out = []
+    for ep in episodes:
+        acts = [int(t.text) for t in ep.turns]
+        out.append(np.array([exact_advantage(policy, acts[:t], acts[t]) for t in range(len(acts))]))
+    return out
+
+
+# --------------------------------------------------------------------------- sampling through the env
+
+
+def sample_actions(policy: ToyPolicy, states: Sequence[tuple[int, Sequence[int]]], keys: Sequence[NoiseKey]) -> list[int]:
+    """Keyed Gumbel-max samples for ``(turn, history)`` states, one key each (batched)."""
+    if not keys:
+        return []
+    g = gumbel_np(key_rows(keys), NUM_ACTIONS)
+    logits = np.stack([np.log(policy.probs(t, _prev(h))) for t, h in states])
+    return [int(a) for a in np.argmax(logits + g, axis=1)]
+
+
+def _turn_record(policy: ToyPolicy, turn: int, history: Sequence[int], action: int, key: NoiseKey, obs: str, reward: float, digest: str) -> TurnRecord:
+    p = policy.probs(turn, _prev(history))
+    return TurnRecord(
+        token_ids=[action],
+        logprobs=[float(np.log(p[action]))],
+        text=str(action),
+        noise_key=key,
+        obs=obs,
+        reward=reward,
+        digest=digest,
+        entropy=float(-(p * np.log(p)).sum()),
+    )
+
+
+def _run(policy: ToyPolicy, envs: list, records: list[EpisodeRecord]) -> None:
+    """Step every env to the end, sampling each turn at the env's reported key."""
+    live = [j for j, env in enumerate(envs) if not env.done]
+    while live:
+        keys = [envs[j].last_info["noise_key"] for j in live]
+        states = [(envs[j].turn, envs[j].unwrapped.history) for j in live]
+        actions = sample_actions(policy, states, keys)
+        for j, a, key, (t, h) in zip(live, actions, keys, states):
+            hist = list(h)
+            obs, r, term, trunc, info = envs[j].step(str(a))
+            records[j].turns.append(_turn_record(policy, t, hist, a, key, obs, r, info["digest"]))
+        live = [j for j in live if not envs[j].done]
+    for env, rec in zip(envs, records):
+        rec.utility = float(env.unwrapped.trajectory.total_reward)
+        rec.terminated = env.unwrapped.trajectory.terminated
+
+
+def toy_rollouts(
+    policy: ToyPolicy, n_groups: int, group_size: int = 5, *, noise_seed: int = 0
+) -> tuple[list[EpisodeRecord], list]:
+    """``n_groups x group_size`` factual episodes; returns the records and their live envs (for forks)."""
+    envs, records = [], []
+    for g in range(n_groups):
+        for j in range(group_size):
+            env = twice_envs.make(TOY_ID)
+            seed = derive_episode_seed(noise_seed, g * 100003 + j)
+            env.reset(seed=0, options={"noise_seed": seed})
+            envs.append(env)
+            records.append(EpisodeRecord(TOY_ID, 0, {"noise_seed": seed}, group=g))
+    _run(policy, envs, records)
+    return records, envs
+
+
+def toy_twins(
+    policy: ToyPolicy,
+    episodes: Sequence[EpisodeRecord],
+    envs: Sequence,
+    decisions: Sequence[tuple[int, int]],
+    *,
+    coupled: bool = True,
+    branch: int = 1,
+    fresh_salt: int = 1,
+) -> list[EpisodeRecord]:
+    """One twin per decision ``(episode, turn)``: fork at ``t``, alternative on ``branch``, then
+    the factual noise (``coupled``) or a fresh seed.
+
+    A coupled twin whose alternative equals the factual action is the factual episode
+    (a self-twin: not continued, ``U' = U``); an independent one is continued anyway,
+    since its fresh noise makes it a different episode.
+    """
+    forks, twin_envs, records, alt_keys, alt_states = [], [], [], [], []
+    for i, t in decisions:
+        fork = envs[i].fork(t)
+        schedule = fork.noise_schedule
+        alt_keys.append(schedule.with_branch(t, branch).key(t))
+        alt_states.append((t, fork.history))
+        forks.append(fork)
+    alts = sample_actions(policy, alt_states, alt_keys)
+    out: list[EpisodeRecord] = []
+    for (i, t), fork, alt, key in zip(decisions, forks, alts, alt_keys):
+        factual = episodes[i]
+        rec = EpisodeRecord(factual.env_id, factual.seed, dict(factual.options), group=factual.group,
+                            twin_of=(i, t), branch=branch, coupled=coupled)
+        out.append(rec)
+        hist = list(fork.history)
+        if coupled and str(alt) == factual.turns[t].text:
+            rec.self_twin, rec.same_evidence, rec.utility = True, True, factual.utility
+            continue
+        fresh = NoiseSchedule(derive_episode_seed(factual.options["noise_seed"], 1_000_003 * fresh_salt + t))
+        tw = twin(fork, str(alt), fork.noise_schedule if coupled else fresh, branch=branch)
+        obs, r, term, trunc, info = tw.first_step
+        rec.turns.append(_turn_record(policy, t, hist, alt, key, obs, r, info["digest"]))
+        rec.same_evidence = obs == factual.turns[t].obs
+        twin_envs.append(tw)
+        records.append(rec)
+    _run(policy, twin_envs, records)
+    return out

@@ -1,0 +1,45 @@
+import numpy as np
+import pytest
+
+from twice_envs.agents.credit import predictor
+from twice_envs.agents.types import EpisodeRecord, TurnRecord
+from twice_envs.keys import NoiseKey
+
+
+def test_auc_matches_pairwise_definition():
+    rng = np.random.default_rng(0)
+    s = np.round(rng.uniform(0, 1, 60), 1)  # ties on purpose
+    y = rng.random(60) < 0.4
+    pos, neg = s[y], s[~y]
+    brute = np.mean([(a > b) + 0.5 * (a == b) for a in pos for b in neg])
+    assert predictor.auc(s, y) == pytest.approx(brute)
+    assert np.isnan(predictor.auc([0.1, 0.2], [1, 1]))
+
+
+def test_weighted_sgd_learns_discordance_from_features():
+    rng = np.random.default_rng(1)
+    state = predictor.PredictorState()
+    true_w = np.array([2.0, -1.0, 0.0, 0.0, 1.5, 1.0, 0.0, -1.0, 0.5])
+    for _ in range(30):
+        X = rng.uniform(0, 1, (200, predictor.NUM_FEATURES))
+        y = rng.random(200) < 1 / (1 + np.exp(-(X @ true_w - 1.0)))
+        q = rng.uniform(0.05, 1.0, 200)  # twins realised with probability q get weight 1/q
+        state = predictor.sgd_update(state, X, y, 1 / q, rng)
+    X = rng.uniform(0, 1, (2000, predictor.NUM_FEATURES))
+    y = rng.random(2000) < 1 / (1 + np.exp(-(X @ true_w - 1.0)))
+    assert state.updates == 30
+    assert predictor.auc(predictor.predict(state, X), y) > 0.7
+    assert predictor.PredictorState.from_json(state.to_json()).weights.tolist() == state.weights.tolist()
+
+
+def test_features_have_the_nine_documented_columns():
+    key = NoiseKey(1, 0)
+    turns = [TurnRecord([1] * 5, [0.0] * 5, "<search> q </search>", key, entropy=0.7),
+             TurnRecord([1] * 3, [0.0] * 3, "<answer> a </answer>", key, entropy=0.2)]
+    eps = [EpisodeRecord("E", 0, {}, group=0, turns=turns, utility=1.0),
+           EpisodeRecord("E", 0, {}, group=0, turns=turns[:1], utility=0.0)]
+    X = predictor.decision_features(eps)
+    assert X.shape == (3, 9)
+    np.testing.assert_allclose(X[0], [0.5, 0.25, 1.0, 0.5, 0.7, 1.0, 0.0, 0.2, np.log1p(8) / 6])
+    np.testing.assert_allclose(X[1], [0.5, 0.25, 1.0, 0.5, 0.2, 0.0, 0.2, 0.0, np.log1p(3) / 6])
+    assert X[2][2] == 0.0 and X[2][7] == 0.0

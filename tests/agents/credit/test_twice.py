@@ -1,0 +1,126 @@
+"""Twin credit on CreditToy, where every advantage is known exactly."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from twice_envs.agents.credit import twice
+from twice_envs.agents.credit.twice import BranchPlan, TwiceConfig
+from twice_envs.agents.types import EpisodeRecord, TurnRecord
+from twice_envs.keys import NoiseKey
+
+from .stats_helpers import bias_z_scores, chi2_upper_z, decision_types
+
+
+def _estimate(toy_batch, twins, config, seed):
+    """A_hat for every decision with random q in [0.05, 1] and real branch/evidence coins."""
+    _, episodes, _, index, exact = toy_batch
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(0.05, 1.0, len(index))
+    branched = rng.random(len(index)) < q
+    plan = BranchPlan(index, np.ones(len(index)), np.full(len(index), np.nan), q, branched)
+    chosen = [tw for tw, b in zip(twins, branched) if b]
+    kept = twice.evidence_coins([twice.evidence_exponent(tw) for tw in chosen], config, rng)
+    return twice.twin_credit(episodes, chosen, plan, kept, config).a_hat, exact
+
+
+def test_twin_difference_is_unbiased(toy_batch, coupled_twins):
+    _, episodes, _, index, exact = toy_batch
+    d = np.array([episodes[i].utility - tw.utility for (i, _), tw in zip(index, coupled_twins)])
+    zs = bias_z_scores(d, exact, decision_types(episodes, index))
+    assert len(zs) >= 15
+    assert chi2_upper_z(zs) < 3.5
+    assert np.max(np.abs(zs)) < 4.5
+    # the twins are real: some differ from the factual outcome, some are self-twins
+    assert 0.05 < np.mean(d != 0) < 0.9
+    assert 0.05 < np.mean([tw.self_twin for tw in coupled_twins]) < 0.8
+
+
+def test_inverse_weights_keep_twice_unbiased_for_any_q(toy_batch, coupled_twins):
+    a_hat, exact = _estimate(toy_batch, coupled_twins, TwiceConfig(), seed=5)
+    _, episodes, _, index, _ = toy_batch
+    zs = bias_z_scores(a_hat, exact, decision_types(episodes, index))
+    assert chi2_upper_z(zs) < 3.5
+    assert np.max(np.abs(zs)) < 4.5
+
+
+def test_without_inverse_weights_the_estimator_is_biased(toy_batch, coupled_twins):
+    a_hat, exact = _estimate(toy_batch, coupled_twins, replace(TwiceConfig(), inverse_weights=False), seed=5)
+    _, episodes, _, index, _ = toy_batch
+    assert chi2_upper_z(bias_z_scores(a_hat, exact, decision_types(episodes, index))) > 8
+
+
+def test_skip_same_evidence_is_detectably_biased(toy_batch, coupled_twins):
+    config = replace(TwiceConfig(), skip_same_evidence=True)
+    a_hat, exact = _estimate(toy_batch, coupled_twins, config, seed=5)
+    _, episodes, _, index, _ = toy_batch
+    zs = bias_z_scores(a_hat, exact, decision_types(episodes, index))
+    assert chi2_upper_z(zs) > 8
+    assert np.max(np.abs(zs)) > 5
+
+
+def test_coupling_shrinks_variance_by_one_minus_rho(toy_batch, coupled_twins, independent_twins):
+    _, episodes, _, index, _ = toy_batch
+    root = [r for r, (_, t) in enumerate(index) if t == 0]  # every episode's first decision: one state
+    u = np.array([episodes[index[r][0]].utility for r in root])
+    u_c = np.array([coupled_twins[r].utility for r in root])
+    u_i = np.array([independent_twins[r].utility for r in root])
+    rho = np.corrcoef(u, u_c)[0, 1]
+    assert rho > 0.15  # a broken coupling gives rho ~ 0
+    assert abs(np.corrcoef(u, u_i)[0, 1]) < 0.06  # independent means independent
+    assert np.var(u - u_c) <= (1 - rho) * np.var(u - u_i) * 1.08
+
+
+def _episode(utility, group, n_turns=2):
+    key = NoiseKey(1, 0)
+    turns = [TurnRecord([1, 2], [-0.1, -0.2], "x", key) for _ in range(n_turns)]
+    return EpisodeRecord("E", 0, {}, group=group, turns=turns, utility=utility)
+
+
+def test_combine_adds_scaled_twin_credit_to_grpo():
+    eps = [_episode(1.0, 0), _episode(0.0, 0), _episode(1.0, 1), _episode(1.0, 1)]
+    index = [(i, t) for i in range(4) for t in range(2)]
+    a_hat = np.zeros(8)
+    a_hat[1] = 0.5  # episode 0, turn 1
+    out = twice.combine(eps, index, a_hat, TwiceConfig(omega=2.0))
+    sigma = np.std([1, 0, 1, 1])
+    assert out[0][0] == pytest.approx(1.0, abs=1e-5)
+    assert out[0][1] == pytest.approx(1.0 + 2.0 * 0.5 / sigma, abs=1e-5)
+    assert out[1].tolist() == pytest.approx([-1.0, -1.0], abs=1e-5)
+    assert out[2].tolist() == [0.0, 0.0]  # a tied group
+    only = twice.combine(eps, index, a_hat, TwiceConfig(trajectory_term=False))
+    assert only[0].tolist() == pytest.approx([0.0, 0.5 / sigma])
+
+
+def test_sigma_hat_is_floored():
+    assert twice.sigma_hat([0.0, 0.0, 0.0]) == 0.1
+    assert twice.sigma_hat([0.0, 1.0]) == pytest.approx(0.5)
+
+
+def test_self_twins_count_as_zero_and_are_never_reweighted_by_evidence():
+    eps = [_episode(1.0, 0)]
+    tw = EpisodeRecord("E", 0, {}, twin_of=(0, 1), branch=1, self_twin=True, same_evidence=True, utility=0.0)
+    plan = BranchPlan([(0, 0), (0, 1)], np.ones(2), np.zeros(2), np.array([0.5, 0.5]), np.array([False, True]))
+    credit = twice.twin_credit(eps, [tw], plan, [True], TwiceConfig())
+    assert credit.a_hat.tolist() == [0.0, 0.0]
+    assert twice.evidence_exponent(tw) == 0
+
+
+def test_twin_of_unbranched_decision_is_rejected():
+    eps = [_episode(1.0, 0)]
+    tw = EpisodeRecord("E", 0, {}, twin_of=(0, 0), branch=1, utility=0.0)
+    plan = BranchPlan([(0, 0), (0, 1)], np.ones(2), np.zeros(2), np.array([0.5, 0.5]), np.array([False, True]))
+    with pytest.raises(ValueError, match="branch coin was 0"):
+        twice.twin_credit(eps, [tw], plan, [True], TwiceConfig())
+
+
+def test_warmup_branches_everything_with_probability_point_three():
+    eps = [_episode(1.0, 0, 3), _episode(0.0, 0, 3)]
+    rng = np.random.default_rng(0)
+    plan = twice.plan_branches(eps, TwiceConfig(), None, rng, update=3)
+    assert np.all(plan.q == 0.3)
+    plan = twice.plan_branches(eps, TwiceConfig(), np.full(6, 0.5), rng, update=10)
+    assert np.all(plan.q < 1.0) and np.isfinite(plan.lam)
+    spent = float(np.dot(plan.q, plan.costs))
+    assert spent == pytest.approx(0.7 * 12, rel=0.03)
