@@ -1,0 +1,672 @@
+"""Keyed Gumbel noise: sampling noise addressed by a :class:`~twice_envs.keys.NoiseKey`.
+
+A sampled token is ``argmax_v [logits_v / tau + g_v]`` over the top-p nucleus, where
+``g_v`` is standard Gumbel noise read from a counter-based generator at an address
+that depends only on the token's key, never on how many numbers were drawn before.
+Two rollouts that read the same key therefore share their luck exactly.
+
+Generator (bit-exact in every backend):
+
+* Philox4x32-10 (Random123), ``philox(counter: 4 x uint32, key: 2 x uint32) -> 4 x uint32``.
+* Per-token key: the first two words of
+  ``philox(counter=(turn, branch, line, pos), key=(seed_lo32, seed_hi32))``.
+* Word for vocabulary id ``v``: word ``v % 4`` of ``philox(counter=(v // 4, 0, 0, 0),
+  key=token_key)``; one Philox call serves four consecutive ids.
+* ``u = (w + 0.5) / 2**32`` (never 0 or 1), ``g = -log(-log(u))``.
+
+A key is passed around as a *key row*, an int64 vector
+``[seed_lo32, seed_hi32, turn, branch, line, pos]`` (every entry in ``[0, 2**32)``), so
+a batch of keys is one ``(B, 6)`` array or tensor.
+
+Numpy functions (``*_np``, :func:`philox4x32_10`) are the reference; the torch
+functions run the same arithmetic on CPU or CUDA with int64 tensors (torch has no
+uint32 multiply-high: a 32x32-bit product is formed in int64, where it wraps modulo
+2**64 and keeps its low 64 bits exactly, and the high word is recovered by an
+arithmetic shift and a mask).
+
+Sampling (:func:`keyed_sample`) and its distribution (:func:`sampling_logprobs`)
+share one definition of the top-p nucleus, see :func:`nucleus_mask`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from twice_envs.keys import NoiseKey, UINT32_MAX, UINT64_MAX
+
+if TYPE_CHECKING:  # torch is optional: imported inside the torch functions
+    import torch
+
+__all__ = [
+    "G_MAX",
+    "G_MIN",
+    "G_RANGE",
+    "advance_line_pos",
+    "advance_line_pos_torch",
+    "gumbel_np",
+    "gumbel_torch",
+    "key_rows",
+    "key_tensor",
+    "newline_token_mask",
+    "SKIP_GAP",
+    "keyed_sample",
+    "keyed_sample_np",
+    "nucleus_mask",
+    "nucleus_mask_np",
+    "philox4x32_10",
+    "philox4x32_10_torch",
+    "philox_words_np",
+    "philox_words_torch",
+    "sampling_logprobs",
+    "sampling_logprobs_np",
+    "token_key",
+    "token_keys_np",
+    "token_keys_torch",
+    "uniforms_np",
+    "uniforms_torch",
+]
+
+# Random123 Philox4x32 constants: round multipliers and Weyl key increments.
+PHILOX_M0 = 0xD2511F53
+PHILOX_M1 = 0xCD9E8D57
+PHILOX_W0 = 0x9E3779B9
+PHILOX_W1 = 0xBB67AE85
+PHILOX_ROUNDS = 10
+
+MASK32 = UINT32_MAX
+
+#: Bounds of the noise. ``w`` ranges over ``[0, 2**32 - 1]``, so ``u`` over
+#: ``[2**-33, 1 - 2**-33]``; ``g = -log(-log(u))`` is increasing in ``u``, hence
+#: ``G_MIN = -log(33 ln 2) ~ -3.1346`` and ``G_MAX = -log(-log1p(-2**-33)) ~ 22.8739``
+#: (``-log1p(-x) = x + x**2/2 + ...``, so ``G_MAX`` is ``33 ln 2`` up to ``2**-34``).
+G_MIN: float = -math.log(33.0 * math.log(2.0))
+G_MAX: float = -math.log(-math.log1p(-(2.0**-33)))
+#: Widest possible gap between two noise values.
+G_RANGE: float = G_MAX - G_MIN
+
+ROW_FIELDS = ("seed_lo32", "seed_hi32", "turn", "branch", "line", "pos")
+
+
+# --------------------------------------------------------------------------- numpy reference
+
+
+def _mulhilo_np(a: np.ndarray, m: int) -> Tuple[np.ndarray, np.ndarray]:
+    # a < 2**32 and m < 2**32, so the product is < 2**64: exact in uint64.
+    p = a * np.uint64(m)
+    return p >> np.uint64(32), p & np.uint64(MASK32)
+
+
+def philox4x32_10(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
+    """Philox4x32-10 of ``counter`` ``(..., 4)`` uint32 under ``key`` ``(..., 2)`` uint32.
+
+    Leading dimensions broadcast; returns ``(..., 4)`` uint32.
+    """
+    counter = np.asarray(counter)
+    key = np.asarray(key)
+    if counter.shape[-1:] != (4,) or key.shape[-1:] != (2,):
+        raise ValueError(f"counter must be (..., 4) and key (..., 2), got {counter.shape} and {key.shape}")
+    for name, arr in (("counter", counter), ("key", key)):
+        if arr.dtype.kind not in "ui" or (arr.size and (arr.min() < 0 or arr.max() > MASK32)):
+            raise ValueError(f"{name} words must be integers in [0, 2**32)")
+    c0, c1, c2, c3 = (counter[..., i].astype(np.uint64) for i in range(4))
+    k0, k1 = (key[..., i].astype(np.uint64) for i in range(2))
+    mask = np.uint64(MASK32)
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + np.uint64(PHILOX_W0)) & mask
+            k1 = (k1 + np.uint64(PHILOX_W1)) & mask
+        hi0, lo0 = _mulhilo_np(c0, PHILOX_M0)
+        hi1, lo1 = _mulhilo_np(c2, PHILOX_M1)
+        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
+    out = np.stack(np.broadcast_arrays(c0, c1, c2, c3), axis=-1)
+    return out.astype(np.uint32)
+
+
+def _check_rows_np(rows: np.ndarray) -> np.ndarray:
+    rows = np.asarray(rows)
+    if rows.ndim != 2 or rows.shape[1] != 6:
+        raise ValueError(f"key rows must have shape (B, 6) = {ROW_FIELDS}, got {rows.shape}")
+    if rows.dtype.kind not in "ui":
+        raise ValueError(f"key rows must be integers, got dtype {rows.dtype}")
+    if rows.size and (rows.min() < 0 or rows.max() > MASK32):
+        raise ValueError("every key-row entry must lie in [0, 2**32)")
+    return rows.astype(np.int64, copy=False)
+
+
+def key_rows(keys: Sequence[NoiseKey]) -> np.ndarray:
+    """The ``(B, 6)`` int64 key rows ``[seed_lo32, seed_hi32, turn, branch, line, pos]`` of ``keys``."""
+    rows = np.zeros((len(keys), 6), dtype=np.int64)
+    for i, key in enumerate(keys):
+        seed, turn, branch, line, pos = (int(v) for v in key)
+        if not 0 <= seed <= UINT64_MAX:
+            raise ValueError(f"episode_seed must be a uint64, got {seed}")
+        for name, value in (("turn", turn), ("branch", branch), ("line", line), ("pos", pos)):
+            if not 0 <= value <= MASK32:
+                raise ValueError(f"NoiseKey.{name} must lie in [0, 2**32), got {value}")
+        rows[i] = (seed & MASK32, seed >> 32, turn, branch, line, pos)
+    return rows
+
+
+def token_keys_np(rows: np.ndarray) -> np.ndarray:
+    """Per-token Philox keys ``(B, 2)`` uint32 of key rows ``(B, 6)``."""
+    rows = _check_rows_np(rows)
+    return philox4x32_10(rows[:, 2:6], rows[:, 0:2])[:, :2]
+
+
+def token_key(key: NoiseKey) -> Tuple[int, int]:
+    """The per-token Philox key of one :class:`NoiseKey`."""
+    k = token_keys_np(key_rows([key]))[0]
+    return int(k[0]), int(k[1])
+
+
+def philox_words_np(rows: np.ndarray, vocab_size: int, token_ids: Optional[np.ndarray] = None) -> np.ndarray:
+    """The uint32 noise words ``(B, V)`` (or ``(B, K)`` for ``token_ids``) of key rows ``(B, 6)``."""
+    keys = token_keys_np(rows)
+    if token_ids is None:
+        ids = np.arange(int(vocab_size), dtype=np.int64)[None, :]
+    else:
+        ids = np.asarray(token_ids, dtype=np.int64)
+        if ids.ndim != 2 or ids.shape[0] != keys.shape[0]:
+            raise ValueError(f"token_ids must be (B, K) with B={keys.shape[0]}, got {ids.shape}")
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
+            raise ValueError("token_ids out of range")
+    counter = np.zeros(np.broadcast_shapes(ids.shape, (keys.shape[0], 1)) + (4,), dtype=np.uint32)
+    counter[..., 0] = ids // 4
+    blocks = philox4x32_10(counter, keys[:, None, :])
+    return np.take_along_axis(blocks, (ids % 4)[..., None] + np.zeros_like(counter[..., :1], dtype=np.int64), axis=-1)[
+        ..., 0
+    ]
+
+
+def uniforms_np(rows: np.ndarray, vocab_size: int, token_ids: Optional[np.ndarray] = None) -> np.ndarray:
+    """Uniforms ``u = (w + 0.5) / 2**32`` as float64, ``(B, V)`` or ``(B, K)``."""
+    w = philox_words_np(rows, vocab_size, token_ids).astype(np.float64)
+    return (w + 0.5) * 2.0**-32
+
+
+def gumbel_np(rows: np.ndarray, vocab_size: int, token_ids: Optional[np.ndarray] = None) -> np.ndarray:
+    """Gumbel noise ``g = -log(-log(u))`` as float64, ``(B, V)`` or ``(B, K)``."""
+    return -np.log(-np.log(uniforms_np(rows, vocab_size, token_ids)))
+
+
+# --------------------------------------------------------------------------- torch
+
+
+def _torch():
+    from twice_envs._deps import require
+
+    return require("torch", "torch", "keyed noise in torch")
+
+
+def key_tensor(keys: Union[Sequence[NoiseKey], np.ndarray, "torch.Tensor"], device=None) -> "torch.Tensor":
+    """Key rows ``(B, 6)`` int64 tensor from NoiseKeys (or from key rows already built)."""
+    torch = _torch()
+    if isinstance(keys, torch.Tensor):
+        rows = keys.to(device=device, dtype=torch.int64)
+    else:
+        if isinstance(keys, np.ndarray):
+            arr = _check_rows_np(keys)
+        else:
+            arr = key_rows(list(keys))
+        rows = torch.from_numpy(np.ascontiguousarray(arr)).to(device)
+    _check_rows_torch(rows)
+    return rows
+
+
+def _check_rows_torch(rows: "torch.Tensor") -> None:
+    if rows.dim() != 2 or rows.shape[1] != 6:
+        raise ValueError(f"key rows must have shape (B, 6) = {ROW_FIELDS}, got {tuple(rows.shape)}")
+    if rows.dtype.is_floating_point or rows.dtype.is_complex or rows.dtype == _torch().bool:
+        raise ValueError(f"key rows must be an integer tensor, got {rows.dtype}")
+
+
+def _philox_rounds_torch(c0, c1, c2, c3, k0, k1):
+    """Ten Philox rounds on int64 tensors (or ints) holding uint32 values; broadcasts.
+
+    ``c1``/``c3`` may carry garbage above bit 31 between rounds (they are only xor-ed,
+    and the xor result is masked before it is multiplied); the returned words are masked.
+    """
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + PHILOX_W0) & MASK32
+            k1 = (k1 + PHILOX_W1) & MASK32
+        p0 = c0 * PHILOX_M0  # < 2**64: wraps in int64, low 64 bits exact
+        p1 = c2 * PHILOX_M1
+        c0 = ((p1 >> 32) ^ c1 ^ k0) & MASK32
+        c2 = ((p0 >> 32) ^ c3 ^ k1) & MASK32
+        c1, c3 = p1, p0
+    return c0, c1 & MASK32, c2, c3 & MASK32
+
+
+def philox4x32_10_torch(counter: "torch.Tensor", key: "torch.Tensor") -> "torch.Tensor":
+    """Philox4x32-10 in torch: ``counter`` ``(..., 4)`` and ``key`` ``(..., 2)`` int64 tensors
+    holding uint32 values -> ``(..., 4)`` int64 words in ``[0, 2**32)``."""
+    torch = _torch()
+    counter = counter.to(torch.int64)
+    key = key.to(torch.int64)
+    words = _philox_rounds_torch(counter[..., 0], counter[..., 1], counter[..., 2], counter[..., 3], key[..., 0], key[..., 1])
+    return torch.stack(torch.broadcast_tensors(*words), dim=-1)
+
+
+def _philox_int(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> Tuple[int, int, int, int]:
+    """Philox4x32-10 on Python ints (fast for a handful of keys)."""
+    for r in range(PHILOX_ROUNDS):
+        if r:
+            k0 = (k0 + PHILOX_W0) & MASK32
+            k1 = (k1 + PHILOX_W1) & MASK32
+        p0 = c0 * PHILOX_M0
+        p1 = c2 * PHILOX_M1
+        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & MASK32, (p0 >> 32) ^ c3 ^ k1, p0 & MASK32
+    return c0, c1, c2, c3
+
+
+# Up to this many CPU key rows, token keys are derived on Python ints (tensor ops on a
+# few elements cost more in dispatch than the arithmetic itself).
+_SMALL_BATCH = 8
+
+
+def token_keys_torch(key_rows: "torch.Tensor") -> "torch.Tensor":
+    """Per-token Philox keys ``(B, 2)`` int64 of key rows ``(B, 6)`` (on the rows' device)."""
+    torch = _torch()
+    _check_rows_torch(key_rows)
+    rows = key_rows.to(torch.int64)
+    if rows.device.type == "cpu":
+        if rows.shape[0] <= _SMALL_BATCH:
+            keys = [_philox_int(r[2], r[3], r[4], r[5], r[0], r[1])[:2] for r in rows.tolist()]
+            return torch.tensor(keys, dtype=torch.int64).view(-1, 2)
+        return torch.from_numpy(token_keys_np(rows.numpy()).astype(np.int64))
+    return _token_keys_device(rows)
+
+
+def _token_keys_device(rows: "torch.Tensor") -> "torch.Tensor":
+    w = _philox_rounds_torch(rows[:, 2], rows[:, 3], rows[:, 4], rows[:, 5], rows[:, 0], rows[:, 1])
+    return _torch().stack((w[0], w[1]), dim=1)
+
+
+# Philox calls (4 vocabulary ids each) per chunk of the block kernel, summed over the
+# batch: the working set (4 stacked int64 buffers + the float output) stays in L2.
+_CHUNK_CALLS = 1 << 14
+
+
+class _Block:
+    """Philox4x32-10 over counters ``(q, 0, 0, 0)`` for a batch of keys.
+
+    The state is kept stacked, ``E = (c0, c2)`` (the words that get multiplied) and
+    ``P = (c0 * M0, c2 * M1)`` (whose low halves become ``c3, c1``), so each round is
+    six tensor ops on ``(2, B, n)`` buffers with no allocation; the first round and a
+    half of a zero counter depend on the row or the column only and are formed on
+    ``(B, 1)`` / ``(1, n)`` tensors.
+    """
+
+    def __init__(self, keys: "torch.Tensor", n_max: int):
+        torch = _torch()
+        self.torch = torch
+        device = keys.device
+        B = keys.shape[0]
+        self.k0 = keys[:, 0:1].to(torch.int64)
+        self.k1 = keys[:, 1:2].to(torch.int64)
+        # round r (0-based) uses key + r * W; X = (hi(p0) ^ c3 ^ k1, hi(p1) ^ c1 ^ k0)
+        kk = torch.stack((self.k1, self.k0)).unsqueeze(0)  # (1, 2, B, 1)
+        steps = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device).view(-1, 1, 1, 1)
+        weyl = torch.tensor([PHILOX_W1, PHILOX_W0], dtype=torch.int64, device=device).view(1, 2, 1, 1)
+        self.kx = (kk + steps * weyl).bitwise_and_(MASK32)  # (rounds, 2, B, 1)
+        self.mult = torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(2, 1, 1)
+        self.bufs = [torch.empty((2, B, n_max), dtype=torch.int64, device=device) for _ in range(4)]
+        self.device = device
+
+    def run(self, q_start: int, q_stop: int):
+        """The four words ``(c0, c1, c2, c3)`` (``(B, n)`` int64 views; c1/c3 unmasked)."""
+        torch = self.torch
+        n = q_stop - q_start
+        E, X, P, Pp = (b[:, :, :n] for b in self.bufs)
+        q = torch.arange(q_start, q_stop, dtype=torch.int64, device=self.device).unsqueeze(0)
+        # Round 1 on counter (q, 0, 0, 0): q < 2**31 so q * M0 < 2**63 (exact shifts);
+        # state after it: c0 = k0 (row), c1 = 0, c2 = hi(q M0) ^ k1, c3 = lo(q M0) (column).
+        pq = q * PHILOX_M0
+        hq, lq = pq >> 32, pq & MASK32
+        ka0, ka1 = self.kx[1][1], self.kx[1][0]
+        # Round 2: p1 = c2 * M1 over the block, p0 = k0 * M0 per row.
+        torch.bitwise_xor(hq, self.k1, out=P[1])
+        P[1].mul_(PHILOX_M1)
+        p0 = self.k0 * PHILOX_M0
+        torch.bitwise_right_shift(P[1], 32, out=E[0])
+        E[0].bitwise_xor_(ka0).bitwise_and_(MASK32)
+        torch.bitwise_xor(lq, ((p0 >> 32) ^ ka1) & MASK32, out=E[1])
+        P[0].copy_(p0.expand(-1, n))
+        for r in range(2, PHILOX_ROUNDS):
+            P, Pp = Pp, P
+            torch.mul(E, self.mult, out=P)  # (c0 M0, c2 M1): wraps in int64, low 64 bits exact
+            torch.bitwise_right_shift(P, 32, out=X)
+            X.bitwise_xor_(Pp).bitwise_xor_(self.kx[r])  # (c2', c0') above bit 31 garbage
+            torch.bitwise_and(X[1], MASK32, out=E[0])
+            torch.bitwise_and(X[0], MASK32, out=E[1])
+        return E[0], P[1], E[1], P[0]
+
+
+def _chunks(B: int, Q: int):
+    step = max(1, min(Q, _CHUNK_CALLS // max(B, 1)))
+    for s in range(0, Q, step):
+        yield s, min(Q, s + step)
+
+
+def _row_keys(key_rows: "torch.Tensor") -> "torch.Tensor":
+    return token_keys_torch(key_rows)
+
+
+def philox_words_torch(
+    key_rows: "torch.Tensor", vocab_size: int, *, token_ids: Optional["torch.Tensor"] = None
+) -> "torch.Tensor":
+    """The noise words (uint32 values in int64) ``(B, V)``, or ``(B, K)`` for ``token_ids``."""
+    torch = _torch()
+    keys = _row_keys(key_rows)
+    B, V = keys.shape[0], int(vocab_size)
+    if token_ids is not None:
+        return _candidate_words(keys, _check_ids(token_ids, B, V))
+    Q = (V + 3) // 4
+    out = torch.empty((B, Q, 4), dtype=torch.int64, device=keys.device)
+    block = _Block(keys, min(Q, max(1, _CHUNK_CALLS // max(B, 1))))
+    for s, e in _chunks(B, Q):
+        torch.stack(block.run(s, e), dim=-1, out=out[:, s:e])
+    out.bitwise_and_(MASK32)
+    return _trim(out.view(B, 4 * Q), V)
+
+
+def _check_ids(token_ids: "torch.Tensor", B: int, V: int) -> "torch.Tensor":
+    torch = _torch()
+    if token_ids.dim() != 2 or token_ids.shape[0] != B:
+        raise ValueError(f"token_ids must be (B, K) with B={B}, got {tuple(token_ids.shape)}")
+    ids = token_ids.to(torch.int64)
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= V):
+        raise ValueError(f"token_ids must lie in [0, {V})")
+    return ids
+
+
+def _candidate_words(keys: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
+    """Words of the given ids: one Philox call per id (only the needed word is kept)."""
+    torch = _torch()
+    k0, k1 = keys[:, 0:1], keys[:, 1:2]
+    words = _philox_rounds_torch(ids >> 2, 0, 0, 0, k0, k1)
+    w = torch.stack(torch.broadcast_tensors(*words), dim=-1)
+    return torch.gather(w, -1, (ids & 3).unsqueeze(-1)).squeeze(-1)
+
+
+def _words_to_gumbel(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
+    """``out = -log(-log((w + 0.5) / 2**32))`` computed in float64 (``out`` float64)."""
+    torch = _torch()
+    dev = words.device
+    torch.addcmul(
+        torch.tensor(2.0**-33, dtype=torch.float64, device=dev),
+        words,
+        torch.tensor(1.0, dtype=torch.float64, device=dev),
+        value=2.0**-32,
+        out=out,
+    )  # exact: w * 2**-32 + 2**-33 needs 33 significant bits
+    return out.log_().neg_().log_().neg_()
+
+
+def uniforms_torch(
+    key_rows: "torch.Tensor",
+    vocab_size: int,
+    *,
+    token_ids: Optional["torch.Tensor"] = None,
+) -> "torch.Tensor":
+    """Uniforms ``u = (w + 0.5) / 2**32`` (float64, exact) ``(B, V)`` or ``(B, K)``."""
+    w = philox_words_torch(key_rows, vocab_size, token_ids=token_ids)
+    return (w.to(_torch().float64) + 0.5) * 2.0**-32
+
+
+def gumbel_torch(
+    key_rows: "torch.Tensor",
+    vocab_size: int,
+    *,
+    dtype: "Optional[torch.dtype]" = None,
+    token_ids: Optional["torch.Tensor"] = None,
+) -> "torch.Tensor":
+    """Gumbel noise ``(B, V)`` for key rows ``(B, 6)``, or ``(B, K)`` at ``token_ids``.
+
+    Computed in float64 from the exact words and rounded to ``dtype`` (default float32).
+    """
+    torch = _torch()
+    dtype = torch.float32 if dtype is None else dtype
+    keys = _row_keys(key_rows)
+    B, V = keys.shape[0], int(vocab_size)
+    if token_ids is not None:
+        w = _candidate_words(keys, _check_ids(token_ids, B, V))
+        g = _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=w.device))
+        return g.to(dtype)
+    Q = (V + 3) // 4
+    n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
+    block = _Block(keys, n_max)
+    wbuf = torch.empty((B, n_max, 4), dtype=torch.int64, device=keys.device)
+    fbuf = torch.empty((B, n_max, 4), dtype=torch.float64, device=keys.device)
+    out = torch.empty((B, Q, 4), dtype=dtype, device=keys.device)
+    for s, e in _chunks(B, Q):
+        n = e - s
+        w = wbuf[:, :n]
+        torch.stack(block.run(s, e), dim=-1, out=w)
+        w.bitwise_and_(MASK32)
+        if dtype == torch.float64:
+            _words_to_gumbel(w, out[:, s:e])
+        else:
+            out[:, s:e].copy_(_words_to_gumbel(w, fbuf[:, :n]))
+    return _trim(out.view(B, 4 * Q), V)
+
+
+def _trim(block: "torch.Tensor", V: int) -> "torch.Tensor":
+    return block if block.shape[1] == V else block[:, :V].contiguous()
+
+
+# --------------------------------------------------------------------------- sampling
+#
+# The nucleus. Let s = logits / tau (float64) and p = softmax(s). Rank the tokens by s,
+# highest first, equal s by lower token id (p is increasing in s, so this is the order
+# by probability, with ties broken exactly). The nucleus is the shortest prefix of this
+# ranking whose mass is >= top_p: the token of rank r is in it iff the mass of the
+# tokens ranked before it is < top_p. The first token is always in it; top_p >= 1 keeps
+# every token. Masses are computed in float64 as exp(s - max s) against top_p * sum,
+# which is what both :func:`keyed_sample` and :func:`sampling_logprobs` use, so a sample
+# always lies in the support those log-probs describe.
+
+
+def _check_sampling(temperature: float, top_p: float) -> None:
+    if not temperature >= 0.0 or math.isinf(temperature):
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
+
+
+def nucleus_mask(logits: "torch.Tensor", temperature: float = 1.0, top_p: float = 1.0) -> "torch.Tensor":
+    """Boolean ``(B, V)`` mask of the top-p nucleus of ``softmax(logits / temperature)``.
+
+    See the definition above; temperature 0 (greedy) gives the single argmax token.
+    """
+    torch = _torch()
+    _check_sampling(temperature, top_p)
+    if temperature == 0.0:
+        mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
+        return mask.scatter_(-1, logits.argmax(-1, keepdim=True), True)
+    if top_p >= 1.0:
+        return torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
+    s = logits.detach().to(torch.float64) / temperature
+    return _nucleus_of_scaled(s, top_p)
+
+
+def _nucleus_of_scaled(s: "torch.Tensor", top_p: float) -> "torch.Tensor":
+    torch = _torch()
+    vals, order = torch.sort(s, dim=-1, descending=True, stable=True)
+    e = torch.exp(vals - vals[:, :1])
+    before = torch.cumsum(e, dim=-1) - e  # mass ranked strictly before each token
+    before[:, 0] = 0.0
+    keep = before < top_p * e.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(keep).scatter_(-1, order, keep)
+
+
+def sampling_logprobs(logits: "torch.Tensor", temperature: float = 1.0, top_p: float = 1.0) -> "torch.Tensor":
+    """Log-probabilities ``(B, V)`` of the distribution :func:`keyed_sample` draws from.
+
+    ``log_softmax(logits / temperature)`` renormalised over the nucleus, ``-inf`` outside
+    it; temperature 0 gives 0 at the argmax and ``-inf`` elsewhere. Differentiable in
+    ``logits``; computed in float64 and returned in the dtype of ``logits``.
+    """
+    torch = _torch()
+    mask = nucleus_mask(logits, temperature, top_p)
+    out_dtype = logits.dtype if logits.dtype.is_floating_point else torch.float32
+    if temperature == 0.0:
+        zero = torch.zeros((), dtype=out_dtype, device=logits.device)
+        return torch.where(mask, zero, torch.full_like(zero, -math.inf))
+    s = logits.to(torch.float64) / temperature
+    s = torch.where(mask, s, torch.full_like(s, -math.inf))
+    return torch.log_softmax(s, dim=-1).to(out_dtype)
+
+
+# Why noise may be skipped. Every computed noise value lies in [G_MIN, G_MAX]: w is an
+# integer in [0, 2**32 - 1], u = (w + 0.5) / 2**32 is exact in float64 and lies in
+# [2**-33, 1 - 2**-33], and g = -log(-log(u)) is increasing in u. Let m be a token with
+# the largest scaled logit s_m. For a token v with s_v < s_m - G_RANGE,
+#     s_v + g_v <= s_v + G_MAX < s_m - G_RANGE + G_MAX = s_m + G_MIN <= s_m + g_m,
+# so v loses to m whatever the keys are: v can never be the argmax and needs no noise.
+# The comparison is made in float64 with _SKIP_MARGIN of slack added to G_RANGE: that
+# covers the last-bit error of the computed logs (~1e-15 here) and the rounding of the
+# sums s + g (relative 2**-53, i.e. below 1e-4 for any |s| < 1e11), so a skipped token
+# is behind m by a positive margin in the computed sums too, and the argmax over the
+# candidates equals the argmax over the full block.
+_SKIP_MARGIN = 1e-3
+#: Scaled logits more than this far below the row maximum never win the keyed argmax.
+SKIP_GAP: float = G_RANGE + _SKIP_MARGIN
+# The candidate path does one Philox call per candidate instead of one per 4 ids; it
+# pays when candidates are a small share of the block.
+_CANDIDATE_SHARE = 1.0 / 16.0
+
+
+def keyed_sample(
+    logits: "torch.Tensor",
+    key_rows: "torch.Tensor",
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    shortcut: bool = True,
+) -> "torch.Tensor":
+    """Sample one token per row: ``argmax_v [logits_v / temperature + g_v]`` over the nucleus.
+
+    ``g`` is the keyed Gumbel noise of ``key_rows`` ``(B, 6)``; the result ``(B,)`` int64 is
+    an exact draw from ``exp(sampling_logprobs(logits, temperature, top_p))`` that
+    depends on the keys only. Temperature 0 or ``greedy=True`` is the plain argmax
+    (lowest id on ties). With ``shortcut`` (default) noise is only computed for tokens
+    within ``SKIP_GAP`` of the row maximum, which gives the same token (see the proof
+    above); ``shortcut=False`` computes the full block.
+    """
+    torch = _torch()
+    _check_sampling(temperature, top_p)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (B, V), got {tuple(logits.shape)}")
+    B, V = logits.shape
+    if key_rows.shape[0] != B:
+        raise ValueError(f"key_rows has {key_rows.shape[0]} rows for {B} rows of logits")
+    with torch.no_grad():
+        if greedy or temperature == 0.0:
+            return logits.argmax(dim=-1)
+        key_rows = key_rows.to(logits.device)
+        s = logits.detach().to(torch.float64) / temperature
+        if top_p < 1.0:
+            s.masked_fill_(~_nucleus_of_scaled(s, top_p), -math.inf)
+        if shortcut:
+            cand = s >= (s.max(dim=-1, keepdim=True).values - SKIP_GAP)
+            n_cand = int(cand.sum())
+            if n_cand <= _CANDIDATE_SHARE * B * V:
+                return _sample_candidates(s, cand, key_rows)
+        g = gumbel_torch(key_rows, V, dtype=torch.float64)
+        return (s + g).argmax(dim=-1)
+
+
+def _sample_candidates(s: "torch.Tensor", cand: "torch.Tensor", key_rows: "torch.Tensor") -> "torch.Tensor":
+    torch = _torch()
+    B, V = s.shape
+    rows, cols = cand.nonzero(as_tuple=True)  # row-major: ids ascending within a row
+    keys = token_keys_torch(key_rows).to(s.device)
+    k = keys[rows]
+    words = _philox_rounds_torch(cols >> 2, 0, 0, 0, k[:, 0], k[:, 1])
+    w = torch.stack(torch.broadcast_tensors(*words), dim=-1).gather(-1, (cols & 3).unsqueeze(-1)).squeeze(-1)
+    val = s[rows, cols] + _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=s.device))
+    best = torch.full((B,), -math.inf, dtype=torch.float64, device=s.device)
+    best.scatter_reduce_(0, rows, val, reduce="amax")
+    win = val == best[rows]
+    out = torch.full((B,), V, dtype=torch.int64, device=s.device)
+    return out.scatter_reduce_(0, rows[win], cols[win], reduce="amin")
+
+
+# --------------------------------------------------------------------------- numpy sampling
+
+
+def nucleus_mask_np(logits: np.ndarray, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
+    """Numpy reference of :func:`nucleus_mask`."""
+    _check_sampling(temperature, top_p)
+    logits = np.asarray(logits)
+    if temperature == 0.0:
+        mask = np.zeros(logits.shape, dtype=bool)
+        np.put_along_axis(mask, logits.argmax(-1)[:, None], True, axis=-1)
+        return mask
+    if top_p >= 1.0:
+        return np.ones(logits.shape, dtype=bool)
+    s = logits.astype(np.float64) / temperature
+    order = np.argsort(-s, axis=-1, kind="stable")
+    vals = np.take_along_axis(s, order, axis=-1)
+    e = np.exp(vals - vals[:, :1])
+    before = np.cumsum(e, axis=-1) - e
+    before[:, 0] = 0.0
+    keep = before < top_p * e.sum(axis=-1, keepdims=True)
+    mask = np.zeros_like(keep)
+    np.put_along_axis(mask, order, keep, axis=-1)
+    return mask
+
+
+def sampling_logprobs_np(logits: np.ndarray, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
+    """Numpy reference of :func:`sampling_logprobs` (float64)."""
+    mask = nucleus_mask_np(logits, temperature, top_p)
+    if temperature == 0.0:
+        return np.where(mask, 0.0, -np.inf)
+    s = np.where(mask, np.asarray(logits, dtype=np.float64) / temperature, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    return s - m - np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
+
+
+def keyed_sample_np(
+    logits: np.ndarray, key_rows: np.ndarray, temperature: float = 1.0, top_p: float = 1.0
+) -> np.ndarray:
+    """Numpy reference of :func:`keyed_sample` (full noise block, float64): ``(B,)`` int64."""
+    logits = np.asarray(logits)
+    _check_sampling(temperature, top_p)
+    if temperature == 0.0:
+        return logits.argmax(-1).astype(np.int64)
+    s = logits.astype(np.float64) / temperature
+    s = np.where(nucleus_mask_np(logits, temperature, top_p), s, -np.inf)
+    return (s + gumbel_np(key_rows, s.shape[1])).argmax(-1).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- line / pos
+
+
+def advance_line_pos(line: int, pos: int, token_has_newline: bool) -> Tuple[int, int]:
+    """The ``(line, pos)`` of the next token after emitting one.
+
+    A token whose text contains a newline ends its line: the next token starts at
+    ``(line + 1, 0)``; any other token moves on to ``(line, pos + 1)``.
+    """
+    return (line + 1, 0) if token_has_newline else (line, pos + 1)
+
+
+def advance_line_pos_torch(
+    line: "torch.Tensor", pos: "torch.Tensor", token_has_newline: "torch.Tensor"
+) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """Vectorised :func:`advance_line_pos` over ``(B,)`` tensors (returns new tensors)."""
+    torch = _torch()
+    nl = token_has_newline.to(torch.bool)
+    return line + nl.to(line.dtype), torch.where(nl, torch.zeros_like(pos), pos + 1)
+
+
+def newline_token_mask(token_texts: Sequence[str]) -> np.ndarray:
+    """``mask[v]`` is True when the text of token ``v`` contains a newline."""
+    return np.fromiter(("\n" in t for t in token_texts), dtype=bool, count=len(token_texts))
