@@ -1,0 +1,1 @@
+"""SearchQA: the Search-R1 protocol as a replayable, forkable env (see :mod:`.env`)."""

@@ -1,0 +1,121 @@
+"""Heavy, read-only resources of a SearchQA env (corpus, questions, retriever, journal).
+
+They are built once per process and shared by every env made with the same data
+settings, so ``make`` again (what ``fork`` does) costs a dictionary lookup. On disk
+everything is cached under ``twice_envs._cache.cache_dir("searchqa", ...)``:
+generated files by generator config, corpus stores by source file, indexes by
+corpus version.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from twice_envs.envs.searchqa.corpus import CorpusStore, open_corpus
+from twice_envs.envs.searchqa.corpus_gen import GENERATOR_VERSION, GeneratorConfig, write_generated
+from twice_envs.envs.searchqa.loaders import Question, load_questions
+from twice_envs.envs.searchqa.retrievers import Retriever, SearchTool
+from twice_envs.tools import Journal, shared_journal
+from twice_envs.trajectory import canonical_json
+
+
+@dataclass
+class Resources:
+    """What the envs of one data setting share.
+
+    Attributes:
+        corpus: the passage store.
+        questions: split name -> questions.
+        task_index: question id -> (split, position).
+        retriever: the retriever.
+        tool: the search tool (journaled through ``journal``).
+        journal: the tool journal.
+        generated: whether the data came from the embedded generator.
+    """
+
+    corpus: CorpusStore
+    questions: dict[str, list[Question]]
+    task_index: dict[str, tuple[str, int]]
+    retriever: Retriever
+    tool: SearchTool
+    journal: Journal
+    generated: bool = False
+    title_cache: dict = field(default_factory=dict)
+
+
+_CACHE: dict[str, Resources] = {}
+_LOCK = threading.Lock()
+
+
+def _cache_root() -> str:
+    from twice_envs._cache import cache_dir
+
+    return str(cache_dir())
+
+
+def _make_retriever(kind: str, options: dict, corpus: CorpusStore) -> Retriever:
+    if kind == "bm25":
+        from twice_envs.envs.searchqa.bm25 import BM25Params
+        from twice_envs.envs.searchqa.retrievers import BM25Retriever
+
+        return BM25Retriever(corpus, BM25Params(**options))
+    if kind == "dense":
+        from twice_envs.envs.searchqa.retrievers import DenseParams, DenseRetriever
+
+        return DenseRetriever(corpus, DenseParams(**options))
+    raise ValueError(f"retriever must be 'bm25' or 'dense', got {kind!r}")
+
+
+def get_resources(
+    *,
+    corpus: Optional[str],
+    questions: Optional[dict[str, str]],
+    generator: Optional[dict],
+    retriever: str,
+    retriever_options: Optional[dict],
+    journal: Optional[str],
+) -> Resources:
+    """The shared resources for these settings (built on first use in this process)."""
+    key = canonical_json([_cache_root(), corpus, questions, generator, retriever, retriever_options or {}, journal])
+    res = _CACHE.get(key)
+    if res is not None:
+        return res
+    with _LOCK:
+        res = _CACHE.get(key)
+        if res is None:
+            res = _CACHE[key] = _build(corpus, questions, generator, retriever, retriever_options or {}, journal)
+    return res
+
+
+def _build(corpus, questions, generator, retriever, retriever_options, journal) -> Resources:
+    from twice_envs._cache import cache_dir
+
+    generated = corpus is None
+    if generated:
+        cfg = GeneratorConfig.from_kwargs(generator)
+        paths = write_generated(cfg, cache_dir("searchqa", "generated") / f"g{GENERATOR_VERSION}-{cfg.digest()[:16]}")
+        corpus = str(paths["corpus"])
+        if questions is None:
+            questions = {s: str(paths[s]) for s in ("train", "dev", "test")}
+    elif generator:
+        raise ValueError("'generator' options only apply to the generated corpus; drop them or drop 'corpus'")
+    if not questions:
+        raise ValueError("a custom corpus needs question files: questions='path.jsonl' or {'train': ..., 'dev': ...}")
+    store = open_corpus(corpus)
+    qsets = {split: load_questions(path) for split, path in questions.items()}
+    task_index: dict[str, tuple[str, int]] = {}
+    for split, qs in qsets.items():
+        for i, q in enumerate(qs):
+            task_index.setdefault(q.id, (split, i))
+    ret = _make_retriever(retriever, retriever_options, store)
+    return Resources(store, qsets, task_index, ret, SearchTool(ret), shared_journal(journal), generated)
+
+
+def clear() -> None:
+    """Forget the resources built in this process (tests use it)."""
+    with _LOCK:
+        _CACHE.clear()

