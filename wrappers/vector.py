@@ -28,7 +28,8 @@ ignores its action and returns the first observation of a new episode (reward 0)
 Until then the sub-env still holds the finished episode, so ``vec.trajectory(i)`` and
 ``vec.fork(i, t)`` reach it. ``"same_step"`` resets inside the ending step (the
 finished observation is in ``infos["final_obs"]``); ``"disabled"`` leaves resets to
-you. In every mode the step that ends an episode adds ``info["trajectory"]``, a
+you (``vec.reset(options={"reset_mask": mask})``); until then a finished sub-env
+answers every action with the env's "episode is over" observation, flagged invalid. In every mode the step that ends an episode adds ``info["trajectory"]``, a
 copy of the finished record (under ``infos["final_info"]`` in ``"same_step"`` mode).
 
 **Forks and records.** ``vec.trajectory(i)`` / ``vec.trajectories()`` return copies
@@ -262,6 +263,10 @@ class TextSyncVectorEnv(_TextVectorMixin, SyncVectorEnv):
 
     def step(self, actions: Any):
         self._assert_open()
+        if self.autoreset_mode == AutoresetMode.DISABLED:
+            # As in the async workers: a finished sub-env answers with the env's
+            # "episode is over" observation (flagged invalid) until you reset it.
+            self._autoreset_envs[:] = False
         return super().step(actions)
 
     def _call_one(self, index: int, name: str, *args: Any) -> Any:

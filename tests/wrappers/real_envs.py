@@ -15,11 +15,11 @@ REAL_ENVS = {"SearchQA-v0": "bm25s", "WebShop-v0": "bm25s", "ALFWorld-v0": "alfw
 #: Envs that list admissible actions.
 LISTING_ENVS = ("CoinChain-v0", "CoinChainReplay-v0", "WebShop-v0", "ALFWorld-v0")
 
-#: Actions tried in envs without an action list: good ones and malformed ones.
+#: Actions tried in envs without an action list: well-formed ones that do not end the
+#: episode, and malformed ones.
 FREE_TEXT_ACTIONS = (
     "<search> who founded the company </search>",
-    "<search> capital city of france </search>",
-    "<answer> Paris </answer>",
+    "<think>hm</think><search> capital city of france </search>",
     "look",
     "",
 )

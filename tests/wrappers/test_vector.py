@@ -322,3 +322,24 @@ def test_real_envs_sync_equals_async_and_fork(env_id):
         assert logs[-1][0][0][0] == logs[-1][0][0][1]  # same seed, same task
     assert logs[0] == logs[1]
     assert [r.digest for r in records[0]] == [r.digest for r in records[1]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_disabled_autoreset_finished_sub_env_answers_episode_over(mode):
+    vec = twice_envs.make_vec("CoinChain-v0", 2, mode, seeds=0, options={"goal": 1}, autoreset_mode="disabled")
+    try:
+        obs, infos = vec.reset()
+        for _ in range(12):
+            action = "right" if infos["position"][0] < 1 else "left"
+            obs, rew, term, trunc, infos = vec.step((action, "look"))
+            if term[0] or trunc[0]:
+                break
+        assert term[0] or trunc[0]
+        digest = vec.trajectory(0).digest
+        obs, rew, term2, trunc2, infos = vec.step(("look", "look"))
+        assert "episode is over" in obs[0] and infos["invalid"][0] and rew[0] == 0.0
+        assert vec.trajectory(0).digest == digest  # nothing was recorded
+        obs, infos = vec.reset(options={"reset_mask": np.array([True, False])})
+        assert vec.trajectory(0).num_turns == 0 and vec.trajectory(1).num_turns > 0
+    finally:
+        vec.close()
