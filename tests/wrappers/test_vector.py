@@ -343,3 +343,12 @@ def test_disabled_autoreset_finished_sub_env_answers_episode_over(mode):
         assert vec.trajectory(0).num_turns == 0 and vec.trajectory(1).num_turns > 0
     finally:
         vec.close()
+
+
+def test_vec_bench_runs(capsys):
+    from twice_envs.wrappers.vector_bench import main
+
+    assert main(["--quick", "--envs", "Echo", "--steps", "20"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.startswith("Echo"))
+    assert row.split()[1] == "20" and row.split()[4].endswith("x")
