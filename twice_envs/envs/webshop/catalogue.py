@@ -1,0 +1,466 @@
+"""Products: loading the original WebShop files, validation, and the on-disk cache.
+
+File formats (the original project's):
+
+* products (``items_shuffle_1000.json`` / ``items_shuffle.json``): a JSON array of
+  objects with ``asin``, ``name``, ``full_description``, ``small_description`` (a string
+  or a list of bullet points), ``pricing`` (``"$12.99"``, ``"$10.00 - $20.00"``; missing
+  or empty means $100.0), ``images``, ``category``, ``query``, ``product_category``
+  (``"A › B › C"``) and ``customization_options`` (option name -> list of
+  ``{"value": ..., "image": ...}``, or null). Read as a stream, one product at a time.
+* attributes (``items_ins_v2_1000.json`` / ``items_ins_v2.json``): a JSON object asin ->
+  ``{"attributes": [...], "instruction": "...", "instruction_attributes": [...]}``.
+* human instructions (``items_human_ins.json``): a JSON object asin -> list of
+  ``{"instruction": ..., "instruction_attributes": [...], "instruction_options": [...]}``.
+
+Normalisation follows the original: products whose asin is ``"nan"`` or longer than 10
+characters are skipped, a repeated asin keeps its first product, option names and values
+are lower-cased and ``/`` in a value becomes `` | ``, the query is lower-cased and
+stripped, a product without attributes gets ``["DUMMY_ATTR"]``. A malformed file raises
+:class:`~twice_envs.errors.DataFormatError` with the file, the line and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Any, Iterator, Optional, Sequence
+
+from twice_envs.errors import DataFormatError
+
+#: Bump when the cached record layout or normalisation changes.
+CACHE_FORMAT = "webshop-catalogue/1"
+
+
+@dataclass(frozen=True)
+class HumanInstruction:
+    """One instruction written by a person for a product (``items_human_ins.json``)."""
+
+    instruction: str
+    attributes: tuple[str, ...]
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Product:
+    """A normalised product (immutable).
+
+    Attributes:
+        asin: product id as in the data (upper case for real ASINs).
+        title: the product name (``Title`` and ``name`` in the original).
+        description: ``full_description``.
+        bullets: ``small_description`` as a tuple of bullet points.
+        price_tag: the price text shown on pages (``$12.99`` or ``$10.0 to $20.0``).
+        pricing: one price, or (low, high) for a range.
+        options: ``((name, (value, ...)), ...)`` in file order.
+        attributes: attribute phrases used by the reward.
+        category: top category (``beauty``, ...).
+        query: the search query the product was collected for (lower case).
+        product_category: the ``›``-separated breadcrumb.
+        instruction: the synthetic instruction (or None).
+        instruction_attributes: the attributes that instruction asks for.
+    """
+
+    asin: str
+    title: str
+    description: str
+    bullets: tuple[str, ...]
+    price_tag: str
+    pricing: tuple[float, ...]
+    options: tuple[tuple[str, tuple[str, ...]], ...]
+    attributes: tuple[str, ...]
+    category: str
+    query: str
+    product_category: str
+    instruction: Optional[str] = None
+    instruction_attributes: tuple[str, ...] = ()
+
+    def to_record(self) -> list:
+        """Compact JSON data (inverse of :meth:`from_record`)."""
+        return [
+            self.asin, self.title, self.description, list(self.bullets), self.price_tag, list(self.pricing),
+            [[n, list(v)] for n, v in self.options], list(self.attributes), self.category, self.query,
+            self.product_category, self.instruction, list(self.instruction_attributes),
+        ]
+
+    @classmethod
+    def from_record(cls, r: list) -> "Product":
+        return cls(
+            r[0], r[1], r[2], tuple(r[3]), r[4], tuple(r[5]), tuple((n, tuple(v)) for n, v in r[6]), tuple(r[7]),
+            r[8], r[9], r[10], r[11], tuple(r[12]),
+        )
+
+    def search_text(self) -> str:
+        """The text the search engine indexes (title, description, first bullet, options)."""
+        option_text = ", and ".join(f"{name}: {', '.join(values)}" for name, values in self.options)
+        first = self.bullets[0] if self.bullets else ""
+        return " ".join([self.title, self.description, first, option_text]).lower()
+
+
+# --------------------------------------------------------------------------- streaming JSON
+
+
+def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 22) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line, element)`` for each element of a top-level JSON array, reading in chunks.
+
+    Memory stays at one chunk plus one element, so the 1.18M-product file streams.
+    """
+    decoder = json.JSONDecoder()
+    ws = " \t\r\n"
+    with open(path, encoding="utf-8") as fh:
+        buf = fh.read(chunk_chars)
+        eof = len(buf) < chunk_chars
+        pos = 0
+        line_base = 1  # line number of buf[0]
+
+        def more() -> bool:
+            nonlocal buf, pos, eof, line_base
+            if eof:
+                return False
+            line_base += buf.count("\n", 0, pos)
+            chunk = fh.read(chunk_chars)
+            eof = len(chunk) < chunk_chars
+            buf = buf[pos:] + chunk
+            pos = 0
+            return bool(chunk)
+
+        def skip_ws() -> str:
+            nonlocal pos
+            while True:
+                while pos < len(buf) and buf[pos] in ws:
+                    pos += 1
+                if pos < len(buf):
+                    return buf[pos]
+                if not more():
+                    return ""
+
+        def line_at(p: int) -> int:
+            return line_base + buf.count("\n", 0, p)
+
+        c = skip_ws()
+        if c != "[":
+            raise DataFormatError(path, line_at(pos), "expected a JSON array of products (the file must start with '[')")
+        pos += 1
+        c = skip_ws()
+        if c == "]":
+            return
+        while True:
+            c = skip_ws()
+            if not c:
+                raise DataFormatError(path, line_at(pos), "the JSON array is not closed (file truncated?)")
+            while True:
+                try:
+                    value, end = decoder.raw_decode(buf, pos)
+                    break
+                except json.JSONDecodeError as exc:
+                    if more():
+                        continue
+                    raise DataFormatError(path, line_at(exc.pos), f"invalid JSON: {exc.msg}") from None
+            yield line_at(pos), value
+            pos = end
+            c = skip_ws()
+            if c == ",":
+                pos += 1
+            elif c == "]":
+                return
+            elif not c:
+                raise DataFormatError(path, line_at(pos), "the JSON array is not closed (file truncated?)")
+            else:
+                raise DataFormatError(path, line_at(pos), f"expected ',' or ']' between products, found {c!r}")
+
+
+def load_json_object(path: str | os.PathLike, what: str) -> dict:
+    """A JSON object file, with a :class:`DataFormatError` naming the line of a syntax error."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, None, f"not UTF-8 text: {exc}") from None
+    if not isinstance(data, dict):
+        raise DataFormatError(path, 1, f"expected a JSON object mapping asin -> {what}, got {type(data).__name__}")
+    return data
+
+
+# --------------------------------------------------------------------------- normalisation
+
+_NOT_PRICE = re.compile(r"[^\d.]")
+
+
+def parse_pricing(value: Any, path: Any = "<pricing>", line: Optional[int] = None) -> tuple[tuple[float, ...], str]:
+    """``(pricing, price_tag)`` from a product's ``pricing`` text, as the original reads it.
+
+    ``"$12.99"`` -> ``((12.99,), "$12.99")``; ``"$10.00 - $20.00"`` -> ``((10.0, 20.0),
+    "$10.0 to $20.0")``; missing or empty -> ``((100.0,), "$100.0")``. Text with no
+    dollar amount, an empty amount (``"$"``) or a malformed number raises.
+    """
+    if value is None or value == "" or value == []:
+        return (100.0,), "$100.0"
+    if not isinstance(value, str):
+        raise DataFormatError(path, line, f"'pricing' must be text like \"$12.99\", got {type(value).__name__}")
+    parts = value.split("$")[1:]
+    if not parts:
+        raise DataFormatError(path, line, f"'pricing' {value!r} has no dollar amount (expected \"$12.99\" or \"$10 - $20\")")
+    prices = []
+    for part in parts:
+        digits = _NOT_PRICE.sub("", part)
+        try:
+            if not digits:
+                raise InvalidOperation
+            prices.append(float(Decimal(digits)))
+        except InvalidOperation:
+            raise DataFormatError(path, line, f"'pricing' {value!r} has a malformed amount ${part.strip()!r}") from None
+    if len(prices) == 1:
+        return (prices[0],), f"${prices[0]}"
+    return (prices[0], prices[1]), f"${prices[0]} to ${prices[1]}"
+
+
+def _text(raw: dict, key: str, path: Any, line: Optional[int], required: bool = True) -> str:
+    if key not in raw:
+        if required:
+            raise DataFormatError(path, line, f"product {raw.get('asin', '?')!r} is missing the field {key!r}")
+        return ""
+    v = raw[key]
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise DataFormatError(path, line, f"product {raw.get('asin', '?')!r}: field {key!r} must be text, got {type(v).__name__}")
+    return v
+
+
+def _str_list(v: Any, path: Any, line: Optional[int], what: str) -> tuple[str, ...]:
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise DataFormatError(path, line, f"{what} must be a list of strings")
+    return tuple(v)
+
+
+def normalise_product(
+    raw: Any, attrs: Optional[dict], path: Any = "<products>", line: Optional[int] = None
+) -> Optional[Product]:
+    """A :class:`Product` from one raw product object, or None when the original skips it."""
+    if not isinstance(raw, dict):
+        raise DataFormatError(path, line, f"each product must be a JSON object, got {type(raw).__name__}")
+    if "asin" not in raw:
+        raise DataFormatError(path, line, "a product is missing the field 'asin'")
+    asin = raw["asin"]
+    if not isinstance(asin, str):
+        raise DataFormatError(path, line, f"'asin' must be text, got {type(asin).__name__}")
+    if asin == "nan" or len(asin) > 10:
+        return None
+    title = _text(raw, "name", path, line)
+    description = _text(raw, "full_description", path, line)
+    small = raw.get("small_description", None) if "small_description" in raw else _missing(raw, "small_description", path, line)
+    if isinstance(small, list):
+        if not all(isinstance(b, str) for b in small):
+            raise DataFormatError(path, line, f"product {asin!r}: 'small_description' must be text or a list of text")
+        bullets = tuple(small)
+    elif small is None or isinstance(small, str):
+        bullets = (small or "",)
+    else:
+        raise DataFormatError(path, line, f"product {asin!r}: 'small_description' must be text or a list of text")
+    category = _text(raw, "category", path, line)
+    query = _text(raw, "query", path, line).lower().strip()
+    product_category = _text(raw, "product_category", path, line)
+    pricing, price_tag = parse_pricing(raw.get("pricing"), path, line)
+    options: list[tuple[str, tuple[str, ...]]] = []
+    custom = raw.get("customization_options")
+    if custom:
+        if not isinstance(custom, dict):
+            raise DataFormatError(path, line, f"product {asin!r}: 'customization_options' must be an object")
+        for name, contents in custom.items():
+            if contents is None:
+                continue
+            if not isinstance(contents, list):
+                raise DataFormatError(path, line, f"product {asin!r}: option {name!r} must be a list of {{'value': ...}}")
+            values = []
+            for c in contents:
+                if not isinstance(c, dict) or not isinstance(c.get("value"), str):
+                    raise DataFormatError(path, line, f"product {asin!r}: option {name!r} has an entry without a text 'value'")
+                values.append(c["value"].strip().replace("/", " | ").lower())
+            options.append((name.lower(), tuple(values)))
+    a = attrs.get(asin) if attrs else None
+    attributes: tuple[str, ...] = ("DUMMY_ATTR",)
+    instruction, ins_attrs = None, ()
+    if a is not None:
+        if not isinstance(a, dict):
+            raise DataFormatError(path, line, f"attributes of {asin!r} must be an object")
+        if "attributes" in a:
+            attributes = _str_list(a["attributes"], path, line, f"attributes of {asin!r}")
+        ins = a.get("instruction")
+        if ins is not None:
+            if not isinstance(ins, str):
+                raise DataFormatError(path, line, f"the instruction of {asin!r} must be text")
+            instruction = ins
+            ins_attrs = _str_list(a.get("instruction_attributes"), path, line, f"instruction_attributes of {asin!r}")
+    return Product(
+        asin, title, description, bullets, price_tag, pricing, tuple(options), attributes, category, query,
+        product_category, instruction, ins_attrs,
+    )
+
+
+def _missing(raw: dict, key: str, path: Any, line: Optional[int]) -> Any:
+    raise DataFormatError(path, line, f"product {raw.get('asin', '?')!r} is missing the field {key!r}")
+
+
+def parse_human_instructions(data: dict, path: Any) -> dict[str, tuple[HumanInstruction, ...]]:
+    """Validate ``items_human_ins.json`` data into asin -> instructions."""
+    out: dict[str, tuple[HumanInstruction, ...]] = {}
+    for asin, items in data.items():
+        if not isinstance(items, list):
+            raise DataFormatError(path, None, f"human instructions of {asin!r} must be a list")
+        parsed = []
+        for k, it in enumerate(items):
+            if not isinstance(it, dict) or not isinstance(it.get("instruction"), str):
+                raise DataFormatError(path, None, f"human instruction {k} of {asin!r} needs a text 'instruction'")
+            parsed.append(
+                HumanInstruction(
+                    it["instruction"],
+                    _str_list(it.get("instruction_attributes", []), path, None, f"instruction_attributes of {asin!r}[{k}]"),
+                    _str_list(it.get("instruction_options", []), path, None, f"instruction_options of {asin!r}[{k}]"),
+                )
+            )
+        out[asin] = tuple(parsed)
+    return out
+
+
+# --------------------------------------------------------------------------- product stores
+
+
+class RecordFile(Sequence[Product]):
+    """Products stored one JSON record per line, read on demand through ``mmap``.
+
+    A reload costs one small offsets read, not a parse of the whole catalogue.
+    """
+
+    def __init__(self, records_path: Path, offsets: Sequence[int], memo_size: int = 4096) -> None:
+        self._fh = open(records_path, "rb")
+        size = os.fstat(self._fh.fileno()).st_size
+        self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._offsets = offsets
+        self._memo: OrderedDict[int, Product] = OrderedDict()
+        self._memo_size = memo_size
+
+    def __len__(self) -> int:
+        return len(self._offsets) - 1
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        p = self._memo.get(i)
+        if p is None:
+            if not 0 <= i < len(self):
+                raise IndexError(i)
+            start, end = int(self._offsets[i]), int(self._offsets[i + 1])
+            p = Product.from_record(json.loads(self._mm[start:end]))
+            self._memo[i] = p
+            if len(self._memo) > self._memo_size:
+                self._memo.popitem(last=False)
+        return p
+
+
+@dataclass
+class Catalogue:
+    """The products of one shop, with optional human instructions.
+
+    Attributes:
+        products: the products in catalogue order (a list, or a :class:`RecordFile`).
+        human: asin -> human instructions (empty without ``items_human_ins.json``).
+        key: a digest naming the data (files, sizes, times, options), used for caches.
+        source: where it came from, for messages.
+    """
+
+    products: Sequence[Product]
+    human: dict
+    key: str
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.products)
+
+    def __getitem__(self, i: int) -> Product:
+        return self.products[i]
+
+    _asin_index: Optional[dict] = None
+
+    def index_of(self, asin: str) -> int:
+        """Catalogue position of ``asin`` (KeyError when absent)."""
+        if self._asin_index is None:
+            self._asin_index = {self.products[i].asin: i for i in range(len(self.products))}
+        return self._asin_index[asin]
+
+
+def normalise_all(
+    raw_products: Sequence[dict], attrs: Optional[dict], num_products: Optional[int] = None, path: Any = "<products>"
+) -> list[Product]:
+    """Normalise an in-memory product list (skips and dedups as the original)."""
+    if num_products is not None:
+        raw_products = raw_products[:num_products]
+    seen: set[str] = set()
+    out = []
+    for i, raw in enumerate(raw_products):
+        p = normalise_product(raw, attrs, path, None)
+        if p is None or p.asin in seen:
+            continue
+        seen.add(p.asin)
+        out.append(p)
+    return out
+
+
+def file_key(*paths: Optional[str | os.PathLike], extra: Any = None) -> str:
+    """A digest of file identities (absolute path, size, mtime) plus ``extra``."""
+    h = hashlib.sha256(CACHE_FORMAT.encode())
+    for p in paths:
+        if p is None:
+            h.update(b"-")
+            continue
+        st = os.stat(p)
+        h.update(f"{os.path.abspath(p)}|{st.st_size}|{st.st_mtime_ns}".encode())
+    h.update(json.dumps(extra, sort_keys=True).encode())
+    return h.hexdigest()[:24]
+
+
+def stream_products(
+    products_path: str | os.PathLike, attrs: Optional[dict], num_products: Optional[int] = None
+) -> Iterator[Product]:
+    """Normalised products from a products file, one at a time."""
+    seen: set[str] = set()
+    for n, (line, raw) in enumerate(iter_json_array(products_path)):
+        if num_products is not None and n >= num_products:
+            break
+        p = normalise_product(raw, attrs, products_path, line)
+        if p is None or p.asin in seen:
+            continue
+        seen.add(p.asin)
+        yield p
+
+
+def write_records(products: Iterator[Product], records_path: Path, on_product=None) -> list[int]:
+    """Write one JSON record per line to ``records_path`` (atomically); return line offsets.
+
+    ``on_product(product)`` is called for each one (e.g. to feed the search indexer).
+    """
+    tmp = records_path.with_name(f".{records_path.name}.{os.getpid()}.tmp")
+    offsets = [0]
+    with open(tmp, "wb") as fh:
+        for p in products:
+            if on_product is not None:
+                on_product(p)
+            data = json.dumps(p.to_record(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+            fh.write(data)
+            offsets.append(offsets[-1] + len(data))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, records_path)
+    return offsets

@@ -1,0 +1,277 @@
+"""``WebShop-v0``: the WebShop text environment (its ``simple`` text mode), in pure Python.
+
+An episode: the shopper gets an instruction ("i need a sulfate free shampoo with scent:
+lavender, and price lower than 30.00 dollars"), searches, opens products, picks options
+and clicks ``Buy Now``; the purchase is scored by :mod:`.reward` and the episode ends.
+
+Actions: ``search[query]`` (on a page with a search bar, non-empty query) and
+``click[element]`` (an element of the current page: a button, a product id or an option
+value); arguments are lower-cased. The env reads the model's raw turn: **the last
+``search[...]`` or ``click[...]`` in the text counts** (brackets inside the argument may
+nest; a bracket left open on the line does not count), so ``"Thought: ... Action:
+click[red]"`` is ``click[red]``. Anything else is a no-op: reward 0,
+``info["invalid"] = True``, and the observation says why, then shows the page again.
+
+Observation: the page's visible text joined with `` [SEP] `` (see :mod:`.pages`).
+``info["admissible_actions"]``: ``search[<query>]`` where there is a search bar, then
+``click[...]`` for every clickable element.
+
+State (all plain, immutable data): goal index, page kind, query, results (top 50
+catalogue positions), page number, product, chosen options, sub page, and the rendered
+page; ``fork`` is a snapshot of that tuple.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from twice_envs.core import Protocol, TextEnv
+from twice_envs.envs.webshop import pages
+from twice_envs.envs.webshop.goals import SPLITS, Goal, product_price
+from twice_envs.envs.webshop.resources import Resources, get_resources
+from twice_envs.envs.webshop.reward import get_reward
+from twice_envs.envs.webshop.search import TOP_K
+
+INSTRUCTIONS = (
+    "You are shopping in WebShop. Each turn, write one action: search[<query>] on the page with a search "
+    "bar, or click[<element>] to click a button, a product id or an option value shown on the page. If your "
+    "text holds several actions, the last one counts. Clicking Buy Now buys the product with the options you "
+    "clicked and ends the episode; the score (0 to 1) says how well the purchase fits the instruction."
+)
+
+_ACTION = re.compile(r"\b(search|click)\[", re.IGNORECASE)
+_RESET_OPTIONS = ("goal", "split", "index")
+
+
+def parse_action(text: str) -> Optional[tuple[str, str]]:
+    """``(name, argument)`` of the last well-formed ``search[...]``/``click[...]`` in ``text``.
+
+    The argument runs to the matching ``]`` (inner brackets nest) on the same line; it is
+    stripped and lower-cased. None when there is no such action.
+    """
+    for m in reversed(list(_ACTION.finditer(text))):
+        depth, i, n = 1, m.end(), len(text)
+        while i < n:
+            c = text[i]
+            if c == "[":
+                depth += 1
+            elif c == "]":
+                depth -= 1
+                if depth == 0:
+                    return m.group(1).lower(), text[m.end() : i].strip().lower()
+            elif c == "\n":
+                break
+            i += 1
+    return None
+
+
+class WebShopEnv(TextEnv):
+    """The WebShop text environment (see the module docstring).
+
+    Args:
+        products_path: ``items_shuffle*.json``; None uses the embedded generated catalogue.
+        attributes_path: ``items_ins_v2*.json`` (attributes and synthetic instructions).
+        human_path: ``items_human_ins.json`` (human instructions).
+        num_products: use the first N products of the file (or generate N products).
+        goals: ``"auto"`` (human when ``human_path`` is given, else synthetic),
+            ``"synthetic"`` or ``"human"``.
+        split: the split a reset without a goal samples from: test, eval, train or all.
+        price_seed: names the prices drawn inside price ranges and the goals' price caps.
+        catalogue_seed: seed of the generated catalogue.
+        show_attrs: show the item page's ``Attributes`` button (off in the original).
+        search_anywhere: accept ``search[...]`` on every page, as the original's text env
+            does; by default only on the page with the search bar.
+        invalid_feedback: say why an action was invalid before the page text (otherwise
+            the page is shown unchanged, as the original).
+        max_query_chars: longer queries are invalid actions.
+        max_turns: actions before truncation (default 15).
+        cache_root: where built caches go (default: the twice_envs cache directory).
+    """
+
+    version = "1"
+    default_max_turns = 15
+
+    def __init__(
+        self,
+        *,
+        products_path: Optional[str] = None,
+        attributes_path: Optional[str] = None,
+        human_path: Optional[str] = None,
+        num_products: Optional[int] = None,
+        goals: str = "auto",
+        split: str = "train",
+        price_seed: int = 0,
+        catalogue_seed: int = 0,
+        show_attrs: bool = False,
+        search_anywhere: bool = False,
+        invalid_feedback: bool = True,
+        max_query_chars: int = 500,
+        max_turns: Optional[int] = None,
+        cache_root: Optional[str] = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns)
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
+        if max_query_chars < 1:
+            raise ValueError("max_query_chars must be >= 1")
+        self.res: Resources = get_resources(
+            products_path, attributes_path, human_path, num_products, goals, price_seed, catalogue_seed, cache_root
+        )
+        self.split = split
+        self.price_seed = int(price_seed)
+        self.show_attrs = bool(show_attrs)
+        self.search_anywhere = bool(search_anywhere)
+        self.invalid_feedback = bool(invalid_feedback)
+        self.max_query_chars = int(max_query_chars)
+        self._state: tuple = ()
+
+    # ------------------------------------------------------------------ contract
+    def protocol(self) -> Protocol:
+        return Protocol(instructions=INSTRUCTIONS, stop=("\nObservation:",), action_format="search[<query>] | click[<element>]")
+
+    def _snapshot(self) -> Any:
+        return self._state
+
+    def _restore(self, state: Any) -> None:
+        self._state = state
+        self._goal = self.res.goals[state[0]]
+
+    @property
+    def goal(self) -> Goal:
+        """The current episode's goal."""
+        return self._goal
+
+    # state layout: (goal, kind, query, results, page_no, item, options, sub, obs, clicks, has_search, done_info)
+    def _set(self, goal_idx, kind, query="", results=(), page_no=1, item=-1, options=(), sub="", done_info=None):
+        instruction = self._goal.instruction_text
+        cat = self.res.catalogue
+        if kind == "search":
+            obs, clicks = pages.render_search(instruction)
+        elif kind == "results":
+            obs, clicks = pages.render_results(instruction, cat, results, page_no)
+        elif kind == "item":
+            obs, clicks = pages.render_item(instruction, cat[item], self.show_attrs)
+        elif kind == "sub":
+            obs, clicks = pages.render_sub(instruction, cat[item], sub)
+        else:
+            obs, clicks = pages.render_done(cat[item].asin, options, dict(done_info)["reward"])
+        self._state = (
+            goal_idx, kind, query, tuple(results), page_no, item, tuple(options), sub, obs, tuple(clicks),
+            kind == "search" or self.search_anywhere, done_info,
+        )
+        return obs
+
+    def _info(self) -> dict:
+        s = self._state
+        clicks = pages.clickable_map(list(s[9]))
+        info = {
+            "admissible_actions": pages.admissible(s[10], None, clicks),
+            "page": s[1],
+            "goal": s[0],
+            "instruction": self._goal.instruction_text,
+        }
+        if s[11] is not None:
+            details = dict(s[11])
+            details["options"] = [list(o) for o in details["options"]]
+            info["reward_details"] = details
+        return info
+
+    def _reset(self, options: dict) -> tuple[str, dict]:
+        unknown = [k for k in options if k not in _RESET_OPTIONS]
+        if unknown:
+            raise ValueError(f"unknown WebShop reset options {unknown}; accepted: goal (int), or split + index")
+        goals = self.res.goals
+        if "goal" in options:
+            g = options["goal"]
+            if not isinstance(g, int) or isinstance(g, bool) or not 0 <= g < len(goals):
+                raise ValueError(f"options['goal'] must be an int in 0..{len(goals) - 1} ({len(goals)} goals), got {g!r}")
+            idx = g
+        elif "index" in options:
+            r = goals.split_range(options.get("split", self.split))
+            k = options["index"]
+            if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k < len(r):
+                raise ValueError(f"options['index'] must be an int in 0..{len(r) - 1} for this split, got {k!r}")
+            idx = r.start + k
+        else:
+            idx = goals.sample(self.np_random, options.get("split", self.split))
+        self._goal = goals[idx]
+        obs = self._set(idx, "search")
+        return obs, self._info()
+
+    # ------------------------------------------------------------------ dynamics
+    def _invalid(self, reason: str) -> tuple[str, float, bool, dict]:
+        page = self._state[8]
+        obs = f"Invalid action: {reason}{pages.SEP}{page}" if self.invalid_feedback else page
+        info = self._info()
+        info["invalid"] = True
+        info["error"] = reason
+        return obs, 0.0, False, info
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        parsed = parse_action(action)
+        if parsed is None:
+            return self._invalid("no action found; write search[<query>] or click[<element>]")
+        name, arg = parsed
+        goal_idx, kind, query, results, page_no, item, options, sub, _, clicks, has_search, _ = self._state
+        if name == "search":
+            if not has_search:
+                return self._invalid("there is no search bar on this page; click[back to search] first")
+            if not arg:
+                return self._invalid("the search query is empty")
+            if len(arg) > self.max_query_chars:
+                return self._invalid(f"the search query is longer than {self.max_query_chars} characters")
+            # the original splits keywords on spaces and joins them again
+            hits = self.res.index.search(arg, TOP_K)
+            obs = self._set(goal_idx, "results", arg, hits, 1)
+            return obs, 0.0, False, self._info()
+        cmap = pages.clickable_map(list(clicks))
+        target = cmap.get(arg)
+        if target is None or arg == "search":
+            shown = arg if len(arg) <= 80 else arg[:77] + "..."
+            return self._invalid(f"'{shown}' is not a clickable element of this page")
+        if arg == "buy now":
+            return self._buy(goal_idx, item, options)
+        if arg == "back to search":
+            return self._set(goal_idx, "search"), 0.0, False, self._info()
+        if arg == "next >" and kind == "results":
+            return self._set(goal_idx, "results", query, results, page_no + 1), 0.0, False, self._info()
+        if arg == "< prev" and kind == "results":
+            return self._set(goal_idx, "results", query, results, page_no - 1), 0.0, False, self._info()
+        if arg == "< prev" and kind == "sub":
+            return self._set(goal_idx, "item", query, results, page_no, item, options), 0.0, False, self._info()
+        if arg == "< prev" and kind == "item":
+            return self._set(goal_idx, "results", query, results, page_no), 0.0, False, self._info()
+        if arg in ("description", "features", "reviews", "attributes"):
+            return self._set(goal_idx, "sub", query, results, page_no, item, options, arg.capitalize()), 0.0, False, self._info()
+        if target.kind == "product":
+            obs = self._set(goal_idx, "item", query, results, page_no, int(target.payload), options)
+            return obs, 0.0, False, self._info()
+        if target.kind == "option":
+            chosen = dict(options)
+            chosen[str(target.payload)] = arg
+            obs = self._set(goal_idx, "item", query, results, page_no, item, tuple(chosen.items()))
+            return obs, 0.0, False, self._info()
+        return self._invalid(f"'{arg}' does nothing on this page")  # pragma: no cover - every element is routed above
+
+    def _buy(self, goal_idx: int, item: int, options: tuple) -> tuple[str, float, bool, dict]:
+        product = self.res.catalogue[item]
+        goal = self._goal
+        details = get_reward(
+            product,
+            product_price(product, self.price_seed),
+            [v for _, v in options],
+            goal_query=goal.query,
+            goal_product_category=goal.product_category,
+            goal_name=goal.name,
+            goal_attributes=goal.attributes,
+            goal_options=goal.options_for_reward(),
+            price_upper=goal.price_upper,
+        )
+        done = details.to_json()
+        done["purchased"] = product.asin
+        done["target"] = goal.asin
+        done["options"] = tuple(options)
+        # stored as a tuple of pairs: the state stays immutable, so snapshots can share it
+        obs = self._set(goal_idx, "done", item=item, options=options, done_info=tuple(done.items()))
+        return obs, details.reward, True, self._info()

@@ -1,0 +1,21 @@
+"""Registers the WebShop env ids (entry points are strings: nothing heavy is imported)."""
+
+import twice_envs
+
+_ENTRY = "twice_envs.envs.webshop.env:WebShopEnv"
+
+twice_envs.register(
+    "WebShop-v0",
+    _ENTRY,
+    description="WebShop text mode: search, browse and buy to match an instruction (embedded generated catalogue)",
+    max_episode_steps=15,
+    override=True,
+)
+twice_envs.register(
+    "WebShopTest-v0",
+    _ENTRY,
+    kwargs={"split": "test"},
+    description="WebShop-v0 sampling goals from the test split (the first 500 goals)",
+    max_episode_steps=15,
+    override=True,
+)
