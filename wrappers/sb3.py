@@ -25,6 +25,9 @@ action, in the order the env lists them. :meth:`IndexActionEnv.action_masks`
 longer than ``max_actions`` is cut (``info["actions_cut"]`` counts what was dropped).
 An index outside the list (a policy that ignores the mask) is sent to the env as a
 malformed action: the turn counts, nothing changes, and ``info["invalid"]`` is set.
+Listed actions that are templates (WebShop's ``search[<query>]``) can be filled from
+the info: ``fill={"<query>": "instruction"}`` replaces ``<query>`` with the text of
+``info["instruction"]`` (the latest info that had it).
 
 **Seeds.** ``reset(seed=s)`` starts episode seeds at ``s``; every reset without a seed
 (as SB3 does after each episode) takes the next seed, so training is reproducible.
@@ -152,6 +155,7 @@ class IndexActionEnv(gymnasium.Env):
         hash_dim: block size of the hashed features.
         seed: first episode seed when ``reset`` gets none.
         reset_options: options of every reset that passes none.
+        fill: placeholder -> info key; fills template actions (see the module docstring).
         **kwargs: passed to ``twice_envs.make`` when ``env`` is an id.
     """
 
@@ -166,6 +170,7 @@ class IndexActionEnv(gymnasium.Env):
         hash_dim: int = 128,
         seed: Optional[int] = 0,
         reset_options: Optional[dict] = None,
+        fill: Optional[dict[str, str]] = None,
         render_mode: Optional[str] = None,
         **kwargs: Any,
     ) -> None:
@@ -179,6 +184,8 @@ class IndexActionEnv(gymnasium.Env):
         text_env = make(env, **kwargs) if isinstance(env, str) else env
         self.text_env = SeededSubEnv(text_env, seed, 1, reset_options)
         self.max_actions = max_actions
+        self.fill = dict(fill or {})
+        self._fill_values: dict[str, str] = {}
         self.render_mode = render_mode
         dim = self.features.dim * len(BLOCKS)
         self.observation_space = gymnasium.spaces.Box(-1.0, 1.0, shape=(dim,), dtype=np.float32)
@@ -202,7 +209,14 @@ class IndexActionEnv(gymnasium.Env):
                 "cannot be indexed; IndexActionEnv works with envs that list them (ALFWorld-v0, WebShop-v0). "
                 "Drive free-text envs such as SearchQA-v0 with a text policy instead."
             )
-        return [str(a) for a in actions]
+        actions = [str(a) for a in actions]
+        for placeholder, key in self.fill.items():
+            if key in info:
+                self._fill_values[placeholder] = str(info[key])
+            value = self._fill_values.get(placeholder)
+            if value is not None:
+                actions = [a.replace(placeholder, value) for a in actions]
+        return actions
 
     def _observe(self, obs: str, info: dict) -> tuple[np.ndarray, dict]:
         actions = self._admissible(info)
@@ -218,7 +232,7 @@ class IndexActionEnv(gymnasium.Env):
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
         obs, info = self.text_env.reset(seed=seed, options=options)
-        self._history, self._task = [], obs
+        self._history, self._task, self._fill_values = [], obs, {}
         return self._observe(obs, info)
 
     def step(self, action: Any) -> tuple[np.ndarray, float, bool, bool, dict]:

@@ -174,3 +174,15 @@ def test_searchqa_is_refused():
     require_env("SearchQA-v0")
     with pytest.raises(TwiceError, match="does not list admissible actions"):
         IndexActionEnv("SearchQA-v0")
+
+
+def test_webshop_search_template_is_filled_from_the_instruction():
+    require_env("WebShop-v0")
+    plain = IndexActionEnv("WebShop-v0")
+    assert any("<query>" in a for a in plain.admissible_actions)
+    env = IndexActionEnv("WebShop-v0", fill={"<query>": "instruction"})
+    _, info = env.reset(seed=4)
+    search = [a for a in env.admissible_actions if a.startswith("search[")]
+    assert search == [f"search[{info['instruction']}]"]
+    _, _, _, _, info = env.step(env.admissible_actions.index(search[0]))
+    assert not info["invalid"] and len(env.admissible_actions) > 2  # results to click on
