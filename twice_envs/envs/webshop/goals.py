@@ -163,8 +163,6 @@ class GoalSet:
             self._human_refs: list[tuple[int, int]] = []
         else:
             refs = []
-            for asin, items in catalogue.human.items():
-                pass  # validated at load; order comes from the catalogue below
             for i in self._human_products():
                 for k, ins in enumerate(catalogue.human[catalogue[i].asin]):
                     if ins.attributes:
@@ -179,15 +177,14 @@ class GoalSet:
         self._memo: dict[int, Goal] = {}
 
     def _human_products(self) -> list[int]:
-        human = self.catalogue.human
-        return sorted(self.catalogue.index_of(a) for a in human if self._has(a))
-
-    def _has(self, asin: str) -> bool:
-        try:
-            self.catalogue.index_of(asin)
-            return True
-        except KeyError:
-            return False
+        """Catalogue positions of products with human instructions, in catalogue order."""
+        out = []
+        for asin in self.catalogue.human:
+            try:
+                out.append(self.catalogue.index_of(asin))
+            except KeyError:
+                continue  # instructions for a product outside this catalogue
+        return sorted(out)
 
     def __len__(self) -> int:
         return len(self._perm)

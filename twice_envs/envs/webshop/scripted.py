@@ -1,0 +1,108 @@
+"""Reference agents for WebShop: a scripted shopper and a random one.
+
+Both read only what an agent sees (the observation and ``info``), never the goal.
+
+* :class:`ScriptedAgent`: search the instruction text; open the first result; click every
+  option value that the instruction names (the longest first, so ``navy blue`` wins over
+  ``blue``; one value per option group as far as the page shows it); buy.
+* :class:`RandomAgent`: search the instruction text, then click uniformly at random
+  among the admissible actions (seeded).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+
+
+def _clicks(info: dict) -> list[str]:
+    return [a[6:-1] for a in info.get("admissible_actions", []) if a.startswith("click[")]
+
+
+def _option_values(info: dict) -> list[str]:
+    """Clickable option values: they follow ``buy now`` in the item page's clickables."""
+    clicks = _clicks(info)
+    if "buy now" not in clicks:
+        return []
+    return clicks[clicks.index("buy now") + 1 :]
+
+
+def _mentions(text: str, value: str) -> bool:
+    return re.search(r"(?<![\w])" + re.escape(value) + r"(?![\w])", text) is not None
+
+
+@dataclass
+class ScriptedAgent:
+    """Search the instruction, open the first result, click the named options, buy."""
+
+    _chosen: list[str] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self._chosen = []
+
+    def act(self, obs: str, info: dict) -> str:
+        instruction = info.get("instruction", "").lower()
+        page = info.get("page")
+        if page == "search":
+            self._chosen = []
+            return f"search[{instruction}]"
+        clicks = _clicks(info)
+        if page == "results":
+            products = [c for c in clicks if c not in ("back to search", "next >", "< prev")]
+            return f"click[{products[0]}]" if products else "click[back to search]"
+        if page == "sub":
+            return "click[< prev]"
+        if page == "item":
+            wanted = sorted((v for v in _option_values(info) if _mentions(instruction, v)), key=len, reverse=True)
+            for v in wanted:
+                # a shorter value inside a chosen longer one ("blue" in "navy blue") is the same mention
+                if v not in self._chosen and not any(_mentions(c, v) for c in self._chosen):
+                    self._chosen.append(v)
+                    return f"click[{v}]"
+            return "click[buy now]"
+        return "click[back to search]"
+
+
+@dataclass
+class RandomAgent:
+    """Search the instruction, then click uniformly at random (seeded)."""
+
+    seed: int = 0
+    rng: Optional[np.random.Generator] = None
+
+    def __post_init__(self) -> None:
+        self.rng = np.random.default_rng(self.seed)
+
+    def reset(self) -> None:
+        pass
+
+    def act(self, obs: str, info: dict) -> str:
+        if info.get("page") == "search":
+            return f"search[{info.get('instruction', '').lower()}]"
+        clicks = _clicks(info)
+        if not clicks:
+            return "click[back to search]"
+        return f"click[{clicks[int(self.rng.integers(len(clicks)))]}]"
+
+
+def evaluate(env, agent, seeds, options: Optional[dict] = None) -> dict:
+    """Mean reward and success rate (reward 1) of ``agent`` over one episode per seed."""
+    rewards = []
+    for s in seeds:
+        agent.reset()
+        obs, info = env.reset(seed=int(s), options=options)
+        total, done = 0.0, False
+        while not done:
+            obs, r, term, trunc, info = env.step(agent.act(obs, info))
+            total += r
+            done = term or trunc
+        rewards.append(total)
+    arr = np.asarray(rewards)
+    return {"episodes": len(arr), "mean_reward": float(arr.mean()), "success_rate": float((arr >= 1.0 - 1e-9).mean())}
+
+
+__all__ = ["RandomAgent", "ScriptedAgent", "evaluate"]
