@@ -1,0 +1,290 @@
+"""The real ALFWorld engine (TextWorld's PDDL env + ALFWorld's name demangler), pooled.
+
+The engine's state lives in a private copy of the fast-downward shared library, so it
+cannot be copied or pickled: forks replay. What *can* be shared is everything that
+does not change during an episode, so this module keeps, per process:
+
+* the translated planning task of each problem (``fast_downward.pddl2sas`` output; a
+  pure function of the domain and problem text), so a reset never re-translates;
+* the parsed game logic (the grammar and action templates) of each game, so loading
+  a game into another library copy never re-parses it;
+* a pool of idle engines, each a library copy with a game loaded, so a fork of a game
+  that is already loaded takes an engine off the shelf and only resets it.
+
+A reset then costs one ``load_sas`` in the native library plus the admissible
+commands of the first state; a step costs what the engine's step costs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from twice_envs._deps import require
+from twice_envs.errors import TwiceError
+
+#: Entries kept in each per-process cache (translations, parsed logic).
+CACHE_SIZE = 64
+#: Idle engines of other games a process keeps warm before it reloads one of them
+#: instead of copying the planner library again. Library copies are never unloaded
+#: (unloading fast-downward crashes the interpreter at exit), so a process holds as
+#: many as it ever used at once, plus this many.
+MAX_IDLE_ENGINES = 4
+
+NOTHING_HAPPENS = "Nothing happens."
+
+
+class PlannerTimeout(TwiceError):
+    """The engine's planner did not answer within the time limit."""
+
+
+@dataclass(frozen=True)
+class GameData:
+    """A complete game, as the engine reads it.
+
+    Attributes:
+        name: the game's name in its collection (a relative path for real data).
+        domain: PDDL domain text (ALFWorld's ``alfred.pddl``).
+        grammar: text grammar (ALFWorld's ``alfred.twl2`` with the task sentence filled in).
+        problem: PDDL problem text.
+        walkthrough: a known solution, if the game file has one.
+        task_type: one of the six ALFWorld task types.
+        goal: the task sentence.
+        pddl_params: ALFWorld's task parameters (object_target, parent_target, ...).
+        path: the game file on disk, when it has one.
+    """
+
+    name: str
+    domain: str
+    grammar: str
+    problem: str
+    walkthrough: tuple[str, ...] = ()
+    task_type: str = ""
+    goal: str = ""
+    pddl_params: dict = field(default_factory=dict, compare=False, hash=False)
+    path: Optional[str] = None
+
+    @property
+    def key(self) -> str:
+        """Content hash: two games with one key behave identically."""
+        h = hashlib.sha256()
+        for part in (self.domain, self.grammar, self.problem):
+            h.update(part.encode("utf-8"))
+            h.update(b"\x00")
+        return h.hexdigest()
+
+    def as_json(self) -> dict:
+        """The ``game.tw-pddl`` JSON the engine loads."""
+        data = {"pddl_domain": self.domain, "grammar": self.grammar, "pddl_problem": self.problem, "solvable": True}
+        if self.walkthrough:
+            data["walkthrough"] = list(self.walkthrough)
+        return data
+
+
+class _LRU(OrderedDict):
+    def get_or(self, key: Any, build: Callable[[], Any]) -> Any:
+        if key in self:
+            self.move_to_end(key)
+            return self[key]
+        value = build()
+        self[key] = value
+        while len(self) > CACHE_SIZE:
+            self.popitem(last=False)
+        return value
+
+
+_translations: _LRU = _LRU()
+_logics: _LRU = _LRU()
+_names: _LRU = _LRU()
+_lock = threading.RLock()
+
+
+def _modules() -> tuple[Any, Any, Any, Any]:
+    """Import the engine (raises MissingExtra with the pip command when absent)."""
+    require("alfworld", "alfworld", "the ALFWorld env")
+    textworld = require("textworld", "alfworld", "the ALFWorld env")
+    fast_downward = require("fast_downward", "alfworld", "the ALFWorld env (fast-downward-textworld)")
+    pddl = require("textworld.envs.pddl", "alfworld", "the ALFWorld env (textworld[pddl])")
+    from textworld.envs.pddl import logic as pddl_logic
+
+    _install_translation_cache(fast_downward)
+    return textworld, fast_downward, pddl, pddl_logic
+
+
+def _install_translation_cache(fast_downward: Any) -> None:
+    """Memoise ``fast_downward.pddl2sas`` (a pure function of its text arguments).
+
+    The engine calls it twice on every reset; with the cache a reset skips the Python
+    translator entirely. The original also overwrites ``sys.argv``; the wrapper puts
+    it back.
+    """
+    original = fast_downward.pddl2sas
+    if getattr(original, "_twice_cached", False):
+        return
+
+    def pddl2sas(domain: str, problem: str, verbose: bool = False, optimize: bool = False):
+        key = (hashlib.sha256(domain.encode()).hexdigest(), hashlib.sha256(problem.encode()).hexdigest(), bool(optimize))
+        with _lock:
+            if key in _translations:
+                _translations.move_to_end(key)
+                return _translations[key]
+            argv = list(sys.argv)
+            try:
+                result = original(domain, problem, verbose=verbose, optimize=optimize)
+            finally:
+                sys.argv[:] = argv
+            return _translations.get_or(key, lambda: result)
+
+    pddl2sas._twice_cached = True  # type: ignore[attr-defined]
+    pddl2sas.__wrapped__ = original  # type: ignore[attr-defined]
+    fast_downward.pddl2sas = pddl2sas
+
+
+def _logic_for(game: GameData) -> Any:
+    _, _, _, pddl_logic = _modules()
+    key = (hashlib.sha256(game.domain.encode()).hexdigest(), hashlib.sha256(game.grammar.encode()).hexdigest())
+    with _lock:
+        return _logics.get_or(key, lambda: pddl_logic.GameLogic(domain=game.domain, grammar=game.grammar))
+
+
+def _demangled_names(key: str, entity_infos: dict) -> dict[str, str]:
+    """ALFWorld's display names ("apple 1") for the entity ids of a game, cached per game."""
+
+    def build() -> dict[str, str]:
+        from alfworld.agents.utils.misc import Demangler
+
+        demangler = Demangler(game_infos=entity_infos, shuffle=False)
+        return {eid: demangler.demangle_alfred_name(eid) for eid in entity_infos}
+
+    with _lock:
+        return _names.get_or(key, build)
+
+
+class Engine:
+    """One copy of the planner library with one game loaded (TextWorld's ``PddlEnv``)."""
+
+    def __init__(self) -> None:
+        textworld, _, pddl, _ = _modules()
+        infos = textworld.EnvInfos(won=True, admissible_commands=True)
+        self._env = pddl.PddlEnv(infos)
+        self.game: Optional[GameData] = None
+        self.key: Optional[str] = None
+        self.admissible: list[str] = []
+        self.won = False
+        self.poisoned = False
+
+    def load(self, game: GameData) -> None:
+        """Load ``game`` into this library copy (the parsed logic comes from the cache)."""
+        _, _, _, pddl_logic = _modules()
+        env = self._env
+        data = game.as_json()
+        try:
+            # The same steps as PddlEnv.load, but with the shared parsed logic.
+            env._game_data = data
+            env._game_file = game.path
+            env.walkthrough = data.get("walkthrough")
+            env._logic = _logic_for(game)
+            env._pddl_state = pddl_logic.PddlState(env.downward_lib, game.problem, env._logic)
+            env._entity_infos = env._get_entity_infos()
+        except AttributeError:  # a TextWorld whose internals moved: take the plain path
+            env.load(data)
+        key = game.key
+        names = _demangled_names(key, env._entity_infos)
+        for eid, info in env._entity_infos.items():
+            info.name = names[eid]
+        self.game, self.key = game, key
+
+    def reset(self) -> str:
+        """Start the loaded game; returns the first observation."""
+        state = self._env.reset()
+        self.admissible = list(state["admissible_commands"])
+        self.won = bool(state["won"])
+        return state.feedback
+
+    def step(self, command: str) -> str:
+        """Apply an admissible command (anything else: the engine's "Nothing happens.")."""
+        state, _, _ = self._env.step(command)
+        self.admissible = list(state["admissible_commands"])
+        self.won = bool(state["won"])
+        return state.feedback
+
+    def facts(self) -> list[Any]:
+        """The current state's facts (TextWorld propositions with engine ids)."""
+        return list(self._env._pddl_state.facts)
+
+    def plan(self, timeout_s: float) -> list[str]:
+        """The engine's planner (fast downward) from the current state, as commands.
+
+        The planner runs in native code that cannot be interrupted, so it runs in a
+        daemon thread; past ``timeout_s`` this engine is abandoned (never reused) and
+        :class:`PlannerTimeout` is raised.
+        """
+        result: dict[str, Any] = {}
+        state = self._env._pddl_state
+        infos = self._env._entity_infos
+
+        def run() -> None:
+            try:
+                result["plan"] = state.replan(infos)
+            except BaseException as exc:  # noqa: BLE001 -- reported to the caller
+                result["error"] = exc
+
+        thread = threading.Thread(target=run, name="alfworld-planner", daemon=True)
+        thread.start()
+        thread.join(timeout_s)
+        if thread.is_alive():
+            self.poisoned = True
+            raise PlannerTimeout(
+                f"the planner found no plan within {timeout_s:g} s for game {self.game.name if self.game else '?'}; "
+                "the planner thread was abandoned (raise timeout_s if the game is large)"
+            )
+        if "error" in result:
+            raise TwiceError(f"the planner failed on game {self.game.name if self.game else '?'}: {result['error']}")
+        return list(result.get("plan") or [])
+
+
+class EnginePool:
+    """Idle engines of this process, by game; forks take one instead of loading again."""
+
+    def __init__(self, max_idle: int = MAX_IDLE_ENGINES) -> None:
+        self.max_idle = max_idle
+        self._idle: list[Engine] = []
+        self._lock = threading.Lock()
+        self.created = 0
+        self.reused = 0
+
+    def acquire(self, game: GameData) -> Engine:
+        """An engine with ``game`` loaded: an idle one of this game, else a reloaded idle one, else a new one."""
+        key = game.key
+        with self._lock:
+            for i in range(len(self._idle) - 1, -1, -1):
+                if self._idle[i].key == key:
+                    self.reused += 1
+                    return self._idle.pop(i)
+            engine = self._idle.pop(0) if len(self._idle) >= self.max_idle else None
+        if engine is None:
+            engine = Engine()
+            self.created += 1
+        engine.load(game)
+        return engine
+
+    def release(self, engine: Optional[Engine]) -> None:
+        """Give an engine back (a poisoned one is dropped)."""
+        if engine is None or engine.poisoned:
+            return
+        with self._lock:
+            if engine not in self._idle:
+                self._idle.append(engine)
+
+    @property
+    def idle(self) -> int:
+        """Engines waiting in the pool."""
+        return len(self._idle)
+
+
+#: The per-process pool every ALFWorld env draws from.
+POOL = EnginePool()

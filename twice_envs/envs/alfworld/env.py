@@ -1,0 +1,176 @@
+"""ALFWorld-v0: household tasks in ALFWorld's real text engine, seeded and forkable.
+
+    env = twice_envs.make("ALFWorld-v0")                       # bundled games
+    env = twice_envs.make("ALFWorld-v0", data_dir="$ALFWORLD_DATA", split="valid_seen")
+    obs, info = env.reset(seed=3)                              # or options={"index": 5} / {"game": name}
+    obs, reward, terminated, truncated, info = env.step("<action>go to fridge 1</action>")
+
+Observations are the engine's own text (the first one ends with the task sentence);
+``info["admissible_actions"]`` lists the commands that do something (sorted),
+``info["won"]`` says whether the goal holds. The reward is ``reward_scale`` on the
+winning step and 0 otherwise. A command that is not admissible changes nothing: the
+engine answers "Nothing happens." and ``info["invalid"]`` is True.
+
+The engine's state is native and cannot be copied, so forks replay the actions; the
+loaded games and idle engines are pooled per process (see ``engine.py``), so a fork
+only resets an engine and re-applies the actions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import weakref
+from typing import Optional, Sequence, Union
+
+from twice_envs.core import Protocol, TextEnv
+from twice_envs.envs.alfworld import engine as _engine
+from twice_envs.envs.alfworld.games import GameEntry, list_games, load_game, resolve_task_types
+
+INSTRUCTIONS = (
+    "You are in a household. Complete the task given at the end of the first observation by typing "
+    "one text command per turn inside <action>...</action>, e.g. <action>go to countertop 1</action>. "
+    "Commands: look, inventory, go to (receptacle), open (receptacle), close (receptacle), "
+    "take (object) from (receptacle), move (object) to (receptacle), examine (something), use (object), "
+    "heat (object) with (receptacle), clean (object) with (receptacle), cool (object) with (receptacle). "
+    "A command that does not apply gets \"Nothing happens.\""
+)
+
+_ACTION_TAG = re.compile(r"<action>(.*?)(?:</action>|$)", re.IGNORECASE | re.DOTALL)
+_SPACES = re.compile(r"\s+")
+#: Longest command passed on (admissible commands are far shorter).
+MAX_COMMAND_CHARS = 300
+_OPTIONS = ("index", "game")
+
+
+def parse_action(turn: str) -> str:
+    """The command in a model's turn: the first ``<action>`` tag's text, else the whole turn.
+
+    Lower-cased, whitespace collapsed, a trailing period dropped (the engine's
+    commands are lower-case words separated by single spaces).
+    """
+    match = _ACTION_TAG.search(turn)
+    text = match.group(1) if match else turn
+    text = _SPACES.sub(" ", text[: MAX_COMMAND_CHARS * 4]).strip().lower().rstrip(".").strip()
+    return text[:MAX_COMMAND_CHARS]
+
+
+def _release(holder: list) -> None:
+    engine = holder[0]
+    holder[0] = None
+    _engine.POOL.release(engine)
+
+
+class ALFWorldEnv(TextEnv):
+    """The ALFWorld text env over a sorted collection of games (see the module docstring).
+
+    Args:
+        data_dir: None for the bundled games; else a folder of real ALFWorld data
+            (``"$ALFWORLD_DATA"`` is expanded from the environment).
+        split: ``train``, ``valid_seen`` or ``valid_unseen``.
+        task_types: task-type names or ALFWorld ids 1-6 (None: all six).
+        reward_scale: reward of the winning step (e.g. 10 as some trainers use).
+        max_turns: turns before truncation (default 50).
+    """
+
+    version = "1"
+    default_max_turns = 50
+
+    def __init__(
+        self,
+        *,
+        data_dir: Optional[str] = None,
+        split: str = "train",
+        task_types: Union[None, str, int, Sequence[Union[str, int]]] = None,
+        reward_scale: float = 1.0,
+        max_turns: Optional[int] = None,
+        render_mode: Optional[str] = None,
+    ) -> None:
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
+        if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)) or not reward_scale > 0:
+            raise ValueError(f"reward_scale must be a positive number, got {reward_scale!r}")
+        _engine._modules()  # the missing-extra error comes here, at make time
+        self.reward_scale = float(reward_scale)
+        self.split = split
+        self.task_types = resolve_task_types(task_types)
+        self._entries: list[GameEntry] = list_games(data_dir, split, self.task_types)
+        self._names = {e.name: i for i, e in enumerate(self._entries)}
+        self._holder: list = [None]
+        self._finalizer = weakref.finalize(self, _release, self._holder)
+        self.game = None
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def games(self) -> list[str]:
+        """Names of the games, in the sorted order ``options={"index": i}`` refers to."""
+        return [e.name for e in self._entries]
+
+    @property
+    def engine(self) -> "_engine.Engine":
+        """The engine this env is playing on (after reset)."""
+        if self._holder[0] is None:
+            raise RuntimeError("no game loaded: call reset() first")
+        return self._holder[0]
+
+    def protocol(self) -> Protocol:
+        return Protocol(instructions=INSTRUCTIONS, stop=("</action>",), action_format="<action>COMMAND</action>")
+
+    # ------------------------------------------------------------------ episode
+    def _choose(self, options: dict) -> int:
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise ValueError(f"unknown ALFWorld reset options {unknown}; accepted: {', '.join(_OPTIONS)} (and noise_seed)")
+        if "index" in options and "game" in options:
+            raise ValueError("give either options['index'] or options['game'], not both")
+        if "game" in options:
+            name = options["game"]
+            if name not in self._names:
+                close = difflib.get_close_matches(str(name), list(self._names), n=3)
+                hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ValueError(f"no game {name!r} in this collection ({len(self._entries)} games).{hint} See env.games")
+            return self._names[name]
+        if "index" in options:
+            index = options["index"]
+            if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(self._entries):
+                raise ValueError(f"options['index'] must be an int in 0..{len(self._entries) - 1}, got {index!r}")
+            return index
+        return int(self.np_random.integers(len(self._entries)))
+
+    def _reset(self, options: dict) -> tuple[str, dict]:
+        entry = self._entries[self._choose(options)]
+        game = load_game(entry)
+        held = self._holder[0]
+        if held is None or held.key != game.key:
+            self._holder[0] = None
+            _engine.POOL.release(held)
+            self._holder[0] = _engine.POOL.acquire(game)
+        engine = self._holder[0]
+        self.game = game
+        obs = engine.reset()
+        info = self._info(engine)
+        info.update(game=game.name, task_type=game.task_type, goal=game.goal)
+        return obs, info
+
+    def _info(self, engine: "_engine.Engine") -> dict:
+        return {"admissible_actions": list(engine.admissible), "won": engine.won}
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        engine = self.engine
+        command = parse_action(action)
+        if command in engine.admissible:
+            obs = engine.step(command)
+            invalid = False
+        else:
+            # What the engine answers to any command it does not know, without a round trip.
+            obs = _engine.NOTHING_HAPPENS
+            invalid = True
+        info = self._info(engine)
+        info["command"] = command
+        info["invalid"] = invalid
+        won = engine.won
+        return obs, (self.reward_scale if won else 0.0), won, info
+
+    def close(self) -> None:
+        """Give the engine back to the process pool."""
+        _release(self._holder)
+        super().close()

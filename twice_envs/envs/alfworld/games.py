@@ -1,0 +1,361 @@
+"""ALFWorld game collections: the bundled games, or a directory of real ALFWorld data.
+
+Real data (from ``alfworld-download``) is laid out as::
+
+    $ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>-<obj>-.../<trial>/game.tw-pddl
+
+(with a ``traj_data.json`` beside each game). ``data_dir`` may name ``$ALFWORLD_DATA``,
+its ``json_2.1.1`` folder, a split folder, or any folder holding game folders.
+Games are listed in sorted order of their relative path (never filesystem order), so
+an index names the same game on every machine.
+
+Bundled games store only what this package authors (the PDDL problem, the task
+sentence, a walkthrough); they are assembled into full games at load time with the
+domain and grammar of the installed ``alfworld`` package.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence, Union
+
+from twice_envs.errors import DataFormatError, TwiceError
+
+from twice_envs.envs.alfworld.engine import GameData
+
+TASK_TYPES: tuple[str, ...] = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
+#: Folder of the bundled games (one JSON file of authored content per game).
+BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
+#: Format tag of a bundled game file.
+BUNDLED_FORMAT = "twice-alfworld-game/1"
+GAME_FILE = "game.tw-pddl"
+GOAL_PLACEHOLDER = "UNKNOWN GOAL"
+DATA_ENV_VAR = "ALFWORLD_DATA"
+
+_AUTHORED_KEYS = ("name", "task_type", "goal", "pddl_problem", "walkthrough")
+_GAME_KEYS = ("pddl_domain", "grammar", "pddl_problem")
+
+
+@dataclass(frozen=True)
+class GameEntry:
+    """One game of a collection.
+
+    Attributes:
+        name: the game's name (bundled: the file stem; real data: its path relative to the split).
+        path: the file holding it.
+        task_type: its ALFWorld task type.
+        bundled: whether it is an authored bundled game (assembled at load time).
+    """
+
+    name: str
+    path: str
+    task_type: str
+    bundled: bool
+
+
+def resolve_task_types(task_types: Union[None, str, int, Sequence[Union[str, int]]]) -> tuple[str, ...]:
+    """Normalise a task-type selection (names, or ALFWorld's ids 1-6) to names in canonical order."""
+    if task_types is None:
+        return TASK_TYPES
+    if isinstance(task_types, (str, int)):
+        task_types = [task_types]
+    chosen = set()
+    for t in task_types:
+        if isinstance(t, bool) or not isinstance(t, (str, int)):
+            raise ValueError(f"task types are names or ids 1-6, got {t!r}")
+        if isinstance(t, int):
+            if not 1 <= t <= len(TASK_TYPES):
+                raise ValueError(f"unknown ALFWorld task type id {t}: ids are 1-6 ({', '.join(TASK_TYPES)})")
+            chosen.add(TASK_TYPES[t - 1])
+        elif t in TASK_TYPES:
+            chosen.add(t)
+        else:
+            import difflib
+
+            close = difflib.get_close_matches(t, TASK_TYPES, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ValueError(f"unknown ALFWorld task type {t!r}.{hint} Known: {', '.join(TASK_TYPES)}")
+    if not chosen:
+        raise ValueError(f"task_types selects no task type; choose from {', '.join(TASK_TYPES)}")
+    return tuple(t for t in TASK_TYPES if t in chosen)
+
+
+# ---------------------------------------------------------------------------- engine files
+_alfworld_files: dict[str, str] = {}
+
+
+def alfworld_data_file(name: str) -> str:
+    """Text of ``alfworld/data/<name>`` from the installed ``alfworld`` package."""
+    if name not in _alfworld_files:
+        from twice_envs._deps import require
+
+        alfworld = require("alfworld", "alfworld", "the ALFWorld env")
+        path = Path(alfworld.__file__).resolve().parent / "data" / name
+        if not path.is_file():
+            raise TwiceError(f"the installed alfworld package has no data/{name} ({path}); reinstall alfworld")
+        _alfworld_files[name] = path.read_text(encoding="utf-8")
+    return _alfworld_files[name]
+
+
+def grammar_with_goal(goal: str) -> str:
+    """ALFWorld's grammar with the task sentence filled in (as ALFWorld's game generator does)."""
+    grammar = alfworld_data_file("alfred.twl2")
+    if GOAL_PLACEHOLDER not in grammar:
+        raise TwiceError(f"the installed alfworld grammar has no '{GOAL_PLACEHOLDER}' placeholder; unsupported alfworld version")
+    return grammar.replace(GOAL_PLACEHOLDER, goal.rstrip("."))
+
+
+# ---------------------------------------------------------------------------- loading
+def _read_json(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(path, None, f"not UTF-8 text ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(path, exc.lineno, f"not valid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise DataFormatError(path, 1, f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def load_authored(path: Union[str, Path]) -> dict:
+    """Read and validate one bundled game file (authored content only)."""
+    path = Path(path)
+    data = _read_json(path)
+    if data.get("format") != BUNDLED_FORMAT:
+        raise DataFormatError(path, None, f"not a bundled ALFWorld game (format {data.get('format')!r}, expected {BUNDLED_FORMAT!r})")
+    for key in _AUTHORED_KEYS:
+        if key not in data:
+            raise DataFormatError(path, None, f"missing key {key!r}")
+    if data["task_type"] not in TASK_TYPES:
+        raise DataFormatError(path, None, f"unknown task type {data['task_type']!r}")
+    if not isinstance(data["walkthrough"], list) or not all(isinstance(a, str) for a in data["walkthrough"]):
+        raise DataFormatError(path, None, "walkthrough must be a list of commands")
+    return data
+
+
+def assemble(authored: dict, path: Optional[str] = None) -> GameData:
+    """A full game from authored content plus the installed engine's domain and grammar."""
+    return GameData(
+        name=authored["name"],
+        domain=alfworld_data_file("alfred.pddl"),
+        grammar=grammar_with_goal(authored["goal"]),
+        problem=authored["pddl_problem"],
+        walkthrough=tuple(authored["walkthrough"]),
+        task_type=authored["task_type"],
+        goal=authored["goal"].rstrip("."),
+        pddl_params=dict(authored.get("pddl_params") or {}),
+        path=path,
+    )
+
+
+def _goal_from_grammar(grammar: str) -> str:
+    marker = "Your task is to: "
+    i = grammar.find(marker)
+    if i < 0:
+        return ""
+    rest = grammar[i + len(marker) :]
+    end = rest.find('"')
+    return rest[:end].rstrip(".") if end >= 0 else ""
+
+
+def load_real_game(entry: GameEntry) -> GameData:
+    """Read one ``game.tw-pddl`` of real ALFWorld data."""
+    path = Path(entry.path)
+    data = _read_json(path)
+    for key in _GAME_KEYS:
+        if not isinstance(data.get(key), str) or not data[key].strip():
+            raise DataFormatError(path, None, f"missing or empty {key!r}: not an ALFWorld game file")
+    if data.get("solvable") is False:
+        raise DataFormatError(path, None, "the game is marked unsolvable (\"solvable\": false)")
+    grammar = data["grammar"]
+    params: dict = {}
+    traj = path.parent / "traj_data.json"
+    if GOAL_PLACEHOLDER in grammar:
+        # A game file without its task sentence: build one from traj_data.json.
+        if not traj.is_file():
+            raise DataFormatError(path, None, f"the grammar has no task sentence and there is no {traj.name} beside it")
+        tdata = _read_json(traj)
+        params = dict(tdata.get("pddl_params") or {})
+        goal = _default_goal(entry.task_type, params)
+        grammar = grammar.replace(GOAL_PLACEHOLDER, goal)
+    walkthrough = data.get("walkthrough") or ()
+    return GameData(
+        name=entry.name,
+        domain=data["pddl_domain"],
+        grammar=grammar,
+        problem=data["pddl_problem"],
+        walkthrough=tuple(walkthrough),
+        task_type=entry.task_type,
+        goal=_goal_from_grammar(grammar),
+        pddl_params=params,
+        path=str(path),
+    )
+
+
+def _default_goal(task_type: str, params: dict) -> str:
+    from twice_envs.envs.alfworld.generator import goal_sentence
+
+    obj = str(params.get("object_target", "object")).lower()
+    recep = str(params.get("parent_target", "receptacle")).lower()
+    toggle = str(params.get("toggle_target", "desklamp")).lower()
+    return goal_sentence(task_type, obj, recep, toggle, variant=0)
+
+
+_game_cache: dict[str, GameData] = {}
+_cache_lock = threading.Lock()
+
+
+def load_game(entry: GameEntry) -> GameData:
+    """The game of ``entry`` (cached per process)."""
+    with _cache_lock:
+        game = _game_cache.get(entry.path)
+    if game is None:
+        game = assemble(load_authored(entry.path), entry.path) if entry.bundled else load_real_game(entry)
+        with _cache_lock:
+            _game_cache[entry.path] = game
+    return game
+
+
+# ---------------------------------------------------------------------------- discovery
+_list_cache: dict[tuple, list[GameEntry]] = {}
+
+
+def list_games(data_dir: Optional[str], split: str, task_types: Iterable[str]) -> list[GameEntry]:
+    """The sorted games of a collection (bundled when ``data_dir`` is None)."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; ALFWorld splits are {', '.join(SPLITS)}")
+    task_types = tuple(task_types)
+    key = (data_dir, split, task_types)
+    if key in _list_cache:
+        return list(_list_cache[key])
+    entries = _list_bundled(split) if data_dir is None else _list_real(data_dir, split)
+    kept = [e for e in entries if e.task_type in task_types]
+    if not kept:
+        where = f"the bundled {split} games" if data_dir is None else f"{data_dir} (split {split})"
+        raise DataFormatError(
+            where, None, f"no games of task type(s) {', '.join(task_types)} ({len(entries)} games of other types)"
+        )
+    _list_cache[key] = kept
+    return list(kept)
+
+
+def _list_bundled(split: str) -> list[GameEntry]:
+    folder = BUNDLED_DIR / split
+    entries = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        data = load_authored(path)
+        entries.append(GameEntry(path.stem, str(path), data["task_type"], True))
+    if not entries:
+        raise DataFormatError(folder, None, "no bundled games: the package is incomplete; reinstall twice-envs or run "
+                              "`python -m twice_envs.envs.alfworld.generator` to write them")
+    return entries
+
+
+def resolve_data_dir(data_dir: str, split: str) -> Path:
+    """The folder holding ``split``'s games under ``data_dir`` (``$VARS`` and ``~`` expanded)."""
+    raw = data_dir
+    if "$" in data_dir:
+        var = DATA_ENV_VAR if DATA_ENV_VAR in data_dir else data_dir
+        data_dir = os.path.expandvars(data_dir)
+        if "$" in data_dir:
+            raise TwiceError(
+                f"data_dir {raw!r} names an environment variable that is not set ({var}). Download the games "
+                f"with `alfworld-download` and `export {DATA_ENV_VAR}=<folder>`, or pass data_dir='/path/to/data'"
+            )
+    root = Path(os.path.expanduser(data_dir))
+    if not root.is_dir():
+        raise TwiceError(f"ALFWorld data_dir {root} (from {raw!r}) is not a folder")
+    for candidate in (root / "json_2.1.1" / split, root / split, root):
+        if candidate.is_dir():
+            return candidate
+    return root
+
+
+def _index_stamp(files: list[tuple[str, os.stat_result]]) -> str:
+    h = hashlib.sha256()
+    for rel, st in files:
+        h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _list_real(data_dir: str, split: str) -> list[GameEntry]:
+    folder = resolve_data_dir(data_dir, split)
+    found: list[tuple[str, os.stat_result]] = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        if GAME_FILE in files:
+            rel = os.path.relpath(root, folder)
+            # ALFWorld does not support these trajectories in text (movable receptacles, slicing).
+            if "movable" in rel or "Sliced" in rel:
+                continue
+            found.append((rel, os.stat(os.path.join(root, GAME_FILE))))
+    found.sort(key=lambda item: item[0])
+    if not found:
+        raise DataFormatError(
+            folder, None,
+            f"no ALFWorld games ({GAME_FILE} files) here. Expected $ALFWORLD_DATA/json_2.1.1/{split}/<task>/<trial>/"
+            f"{GAME_FILE}: run `alfworld-download` and point data_dir at the folder it filled",
+        )
+    index = _cached_index(folder, found)
+    entries = []
+    for rel, _ in found:
+        task_type, solvable = index[rel]
+        if solvable:
+            entries.append(GameEntry(rel, str(folder / rel / GAME_FILE), task_type, False))
+    return entries
+
+
+def _cached_index(folder: Path, found: list[tuple[str, os.stat_result]]) -> dict[str, tuple[str, bool]]:
+    """Task type and solvability of each game, cached on disk (reading 3,000 games takes seconds)."""
+    from twice_envs._cache import cache_dir
+
+    stamp = _index_stamp(found)
+    cache_file = cache_dir("alfworld", "index") / (hashlib.sha256(str(folder).encode()).hexdigest()[:24] + ".json")
+    try:
+        cached = json.loads(cache_file.read_text())
+        if cached.get("stamp") == stamp:
+            return {rel: (t, bool(s)) for rel, t, s in cached["games"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    index: dict[str, tuple[str, bool]] = {}
+    for rel, _ in found:
+        index[rel] = (_task_type_of(folder / rel), _is_solvable(folder / rel / GAME_FILE))
+    from twice_envs.trajectory import atomic_write_text
+
+    atomic_write_text(cache_file, json.dumps({"stamp": stamp, "games": [[r, t, s] for r, (t, s) in sorted(index.items())]}))
+    return index
+
+
+def _task_type_of(game_dir: Path) -> str:
+    for part in reversed(game_dir.parts):
+        head = part.split("-", 1)[0]
+        if head in TASK_TYPES:
+            return head
+    traj = game_dir / "traj_data.json"
+    if traj.is_file():
+        task_type = _read_json(traj).get("task_type")
+        if task_type in TASK_TYPES:
+            return task_type
+        raise DataFormatError(traj, None, f"unknown task_type {task_type!r}")
+    raise DataFormatError(game_dir, None, "cannot tell the task type: no <task_type>-... folder name and no traj_data.json")
+
+
+def _is_solvable(path: Path) -> bool:
+    data = _read_json(path)
+    return data.get("solvable", True) is not False

@@ -1,0 +1,434 @@
+"""Generate small, genuine ALFWorld games for all six task types.
+
+Each game is a PDDL problem over ALFWorld's own domain (``alfred.pddl``): receptacles
+and objects named by the ALFRED convention (``Apple|+00.47|+01.15|-00.48`` mangled to
+``Apple_bar__plus_00_dot_47_...``, which ALFWorld's demangler shows as "apple 1"), a
+room layout, and a goal of the task type. The walkthrough is found by the engine's
+own planner and verified by playing it in the engine; a game is kept only when the
+goal does not hold at the start and the walkthrough wins.
+
+Run ``python -m twice_envs.envs.alfworld.generator [--out DIR]`` to rewrite the
+bundled set (deterministic: the same code writes the same files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+# ---------------------------------------------------------------------------- world facts
+#: Receptacle types that open and close.
+OPENABLE = frozenset({"Fridge", "Microwave", "Cabinet", "Drawer", "Safe"})
+#: Receptacles whose ALFRED object id carries a basin suffix (displayed "sinkbasin 1").
+BASINS = {"SinkBasin": "Sink", "BathtubBasin": "Bathtub"}
+
+
+@dataclass(frozen=True)
+class ObjectKind:
+    """An object type: what can be done with it and where it can be.
+
+    Attributes:
+        props: state predicates it supports (heatable, coolable, cleanable, toggleable).
+        receptacles: receptacle types that can hold it.
+        pickupable: whether the agent can take it.
+    """
+
+    props: frozenset
+    receptacles: tuple[str, ...]
+    pickupable: bool = True
+
+
+def _kind(props: str, receps: str, pickupable: bool = True) -> ObjectKind:
+    return ObjectKind(frozenset(props.split()), tuple(receps.split()), pickupable)
+
+
+_FOOD = "CounterTop DiningTable Fridge Microwave SinkBasin GarbageCan"
+OBJECTS: dict[str, ObjectKind] = {
+    # kitchen
+    "Apple": _kind("heatable coolable cleanable", _FOOD),
+    "Potato": _kind("heatable coolable cleanable", _FOOD),
+    "Egg": _kind("heatable coolable cleanable", _FOOD),
+    "Tomato": _kind("heatable coolable cleanable", _FOOD),
+    "Bread": _kind("heatable coolable", "CounterTop DiningTable Fridge Microwave GarbageCan"),
+    "Lettuce": _kind("coolable cleanable", "CounterTop DiningTable Fridge SinkBasin GarbageCan"),
+    "Mug": _kind("heatable coolable cleanable", "CounterTop DiningTable Cabinet Shelf CoffeeMachine SinkBasin Microwave Fridge"),
+    "Cup": _kind("heatable coolable cleanable", "CounterTop DiningTable Cabinet Shelf SinkBasin Microwave Fridge"),
+    "Plate": _kind("heatable coolable cleanable", "CounterTop DiningTable Cabinet Shelf SinkBasin Microwave Fridge"),
+    "Pan": _kind("coolable cleanable", "StoveBurner CounterTop DiningTable Cabinet SinkBasin Fridge"),
+    "Knife": _kind("cleanable", "CounterTop DiningTable Drawer SinkBasin"),
+    "Spatula": _kind("cleanable", "CounterTop DiningTable Drawer SinkBasin"),
+    "Fork": _kind("cleanable", "CounterTop DiningTable Drawer SinkBasin"),
+    "DishSponge": _kind("cleanable", "CounterTop SinkBasin Cabinet Drawer"),
+    # bathroom
+    "SoapBar": _kind("cleanable", "CounterTop Toilet SinkBasin BathtubBasin Cabinet GarbageCan"),
+    "Cloth": _kind("cleanable", "CounterTop Cabinet SinkBasin BathtubBasin Drawer"),
+    "SprayBottle": _kind("", "Toilet CounterTop Cabinet GarbageCan Shelf"),
+    "ToiletPaper": _kind("", "Toilet CounterTop Cabinet Drawer ToiletPaperHanger GarbageCan"),
+    "Candle": _kind("", "CounterTop Cabinet Toilet Shelf"),
+    "SoapBottle": _kind("", "CounterTop Cabinet Toilet Shelf GarbageCan"),
+    # bedroom, living room
+    "Book": _kind("", "Bed Desk SideTable Shelf Drawer Dresser CoffeeTable Sofa ArmChair"),
+    "CellPhone": _kind("", "Bed Desk SideTable Drawer Dresser Sofa ArmChair Shelf"),
+    "Pen": _kind("", "Desk SideTable Drawer Shelf Dresser"),
+    "KeyChain": _kind("", "SideTable Drawer Dresser Desk Shelf CoffeeTable Sofa Safe"),
+    "CD": _kind("", "Desk Drawer Shelf SideTable Safe"),
+    "AlarmClock": _kind("", "Desk SideTable Shelf Dresser"),
+    "Pillow": _kind("", "Bed Sofa ArmChair"),
+    "CreditCard": _kind("", "Desk SideTable Drawer Shelf Dresser CoffeeTable Sofa ArmChair Safe"),
+    "RemoteControl": _kind("", "Sofa ArmChair CoffeeTable SideTable TVStand Dresser Drawer"),
+    "Vase": _kind("", "Shelf SideTable CoffeeTable TVStand Dresser"),
+    "Watch": _kind("", "SideTable Drawer Dresser CoffeeTable Shelf Safe"),
+    "Statue": _kind("", "Shelf CoffeeTable SideTable Dresser TVStand"),
+    "DeskLamp": _kind("toggleable", "Desk SideTable Dresser", pickupable=False),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A room: its receptacles (type, count) and the object types that live in it."""
+
+    name: str
+    receptacles: tuple[tuple[str, int], ...]
+    objects: tuple[str, ...]
+
+
+LAYOUTS: dict[str, Layout] = {
+    l.name: l
+    for l in (
+        Layout(
+            "kitchen_a",
+            (("CounterTop", 2), ("Cabinet", 3), ("Drawer", 2), ("Fridge", 1), ("Microwave", 1), ("SinkBasin", 1),
+             ("StoveBurner", 2), ("DiningTable", 1), ("GarbageCan", 1), ("CoffeeMachine", 1)),
+            ("Apple", "Potato", "Egg", "Tomato", "Bread", "Lettuce", "Mug", "Cup", "Plate", "Pan", "Knife", "Fork",
+             "Spatula", "DishSponge"),
+        ),
+        Layout(
+            "kitchen_b",
+            (("CounterTop", 1), ("Cabinet", 4), ("Drawer", 3), ("Fridge", 1), ("Microwave", 1), ("SinkBasin", 1),
+             ("StoveBurner", 1), ("DiningTable", 1), ("GarbageCan", 1), ("Shelf", 1)),
+            ("Apple", "Potato", "Egg", "Tomato", "Bread", "Lettuce", "Mug", "Cup", "Plate", "Pan", "Knife", "Spatula"),
+        ),
+        Layout(
+            "bathroom",
+            (("CounterTop", 1), ("Cabinet", 2), ("Drawer", 2), ("SinkBasin", 1), ("BathtubBasin", 1), ("Toilet", 1),
+             ("ToiletPaperHanger", 1), ("Shelf", 1), ("GarbageCan", 1)),
+            ("SoapBar", "Cloth", "SprayBottle", "ToiletPaper", "Candle", "SoapBottle"),
+        ),
+        Layout(
+            "bedroom",
+            (("Bed", 1), ("Desk", 1), ("SideTable", 2), ("Drawer", 3), ("Shelf", 2), ("Dresser", 1), ("GarbageCan", 1),
+             ("Safe", 1)),
+            ("Book", "CellPhone", "Pen", "KeyChain", "CD", "AlarmClock", "Pillow", "CreditCard", "Watch", "DeskLamp"),
+        ),
+        Layout(
+            "livingroom",
+            (("Sofa", 1), ("ArmChair", 1), ("CoffeeTable", 1), ("SideTable", 2), ("Drawer", 2), ("Shelf", 2),
+             ("TVStand", 1), ("Dresser", 1), ("GarbageCan", 1)),
+            ("Book", "KeyChain", "CreditCard", "RemoteControl", "Vase", "Watch", "Statue", "Pillow", "DeskLamp"),
+        ),
+    )
+}
+
+TASK_TYPES: tuple[str, ...] = (
+    "pick_and_place_simple",
+    "look_at_obj_in_light",
+    "pick_clean_then_place_in_recep",
+    "pick_heat_then_place_in_recep",
+    "pick_cool_then_place_in_recep",
+    "pick_two_obj_and_place",
+)
+#: Predicate the target object needs, and the appliance type that makes it true.
+_STATE_CHANGE = {
+    "pick_clean_then_place_in_recep": ("cleanable", "isClean", "SinkBasin"),
+    "pick_heat_then_place_in_recep": ("heatable", "isHot", "Microwave"),
+    "pick_cool_then_place_in_recep": ("coolable", "isCool", "Fridge"),
+}
+#: Layouts each task type is generated in: (seen layouts, unseen layouts).
+TASK_LAYOUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "pick_and_place_simple": (("kitchen_a", "bathroom", "bedroom"), ("kitchen_b", "livingroom")),
+    "look_at_obj_in_light": (("bedroom",), ("livingroom",)),
+    "pick_clean_then_place_in_recep": (("kitchen_a", "bathroom"), ("kitchen_b",)),
+    "pick_heat_then_place_in_recep": (("kitchen_a",), ("kitchen_b",)),
+    "pick_cool_then_place_in_recep": (("kitchen_a",), ("kitchen_b",)),
+    "pick_two_obj_and_place": (("kitchen_a", "bathroom", "bedroom"), ("kitchen_b", "livingroom")),
+}
+#: Games per (task type, layout) in each split.
+SPLIT_COUNTS = {"train": 2, "valid_seen": 1, "valid_unseen": 1}
+
+_GOALS = {
+    "pick_and_place_simple": ("move {a_obj} to the {recep}", "place {a_obj} in the {recep}"),
+    "look_at_obj_in_light": ("look at the {obj} under the light of the {toggle}", "hold {a_obj} and switch on the {toggle}"),
+    "pick_clean_then_place_in_recep": ("clean {a_obj} and place it in the {recep}", "put a washed {obj} in the {recep}"),
+    "pick_heat_then_place_in_recep": ("heat {a_obj} and place it in the {recep}", "put a warmed {obj} in the {recep}"),
+    "pick_cool_then_place_in_recep": ("cool {a_obj} and place it in the {recep}", "put a chilled {obj} in the {recep}"),
+    "pick_two_obj_and_place": ("place two {objs} in the {recep}", "move two {objs} to the {recep}"),
+}
+
+
+_IRREGULAR_PLURALS = {"knife": "knives", "cloth": "cloths"}
+
+
+def _plural(word: str) -> str:
+    if word in _IRREGULAR_PLURALS:
+        return _IRREGULAR_PLURALS[word]
+    return word + ("es" if word.endswith(("s", "sh", "ch", "x", "o")) else "s")
+
+
+def _with_article(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
+def goal_sentence(task_type: str, obj: str, recep: str, toggle: str = "desklamp", variant: int = 0) -> str:
+    """The task sentence of a game (lower-case type names, as ALFWorld shows them)."""
+    templates = _GOALS[task_type]
+    return templates[variant % len(templates)].format(
+        obj=obj, a_obj=_with_article(obj), objs=_plural(obj), recep=recep, toggle=toggle
+    )
+
+
+# ---------------------------------------------------------------------------- naming
+def mangle(text: str) -> str:
+    """ALFRED id -> PDDL name (the convention ALFWorld's demangler reverses)."""
+    for a, b in (("-", "_minus_"), ("|", "_bar_"), ("+", "_plus_"), (".", "_dot_"), (",", "_comma_")):
+        text = text.replace(a, b)
+    return text
+
+
+def _object_id(kind: str, xyz: tuple[float, float, float]) -> str:
+    coords = "|".join(f"{v:+06.2f}" for v in xyz)
+    if kind in BASINS:
+        return mangle(f"{BASINS[kind]}|{coords}|{kind}")
+    return mangle(f"{kind}|{coords}")
+
+
+def _location_id(cells: tuple[int, int, int, int]) -> str:
+    return mangle("loc|" + "|".join(str(c) for c in cells))
+
+
+# ---------------------------------------------------------------------------- problems
+@dataclass
+class _World:
+    layout: Layout
+    receptacles: list[tuple[str, str, str]]  # (id, type, location id)
+    objects: list[tuple[str, str, str]]  # (id, type, receptacle id)
+    start: str
+
+
+def _coords(rng: np.random.Generator, used: set) -> tuple[float, float, float]:
+    while True:
+        xyz = tuple(round(float(v), 2) for v in rng.uniform(-3.5, 3.5, size=3))
+        if xyz not in used:
+            used.add(xyz)
+            return xyz  # type: ignore[return-value]
+
+
+def _build_world(layout: Layout, rng: np.random.Generator, placements: list[tuple[str, Optional[str]]]) -> _World:
+    """Receptacles of the layout at fresh coordinates; ``placements`` are (object type, receptacle type or None)."""
+    used: set = set()
+    cells: set = set()
+    receps = []
+    for rtype, count in layout.receptacles:
+        for _ in range(count):
+            while True:
+                cell = (int(rng.integers(-8, 9)), int(rng.integers(-8, 9)), int(rng.integers(0, 4)), int(rng.choice([0, 30, 60])))
+                if cell not in cells and cell[:2] != (0, 0):
+                    cells.add(cell)
+                    break
+            receps.append((_object_id(rtype, _coords(rng, used)), rtype, _location_id(cell)))
+    objects = []
+    for otype, where in placements:
+        allowed = [r for r in receps if r[1] in OBJECTS[otype].receptacles]
+        if where is not None:
+            allowed = [r for r in allowed if r[1] == where]
+        if not allowed:
+            raise ValueError(f"no receptacle in {layout.name} can hold {otype}")
+        recep = allowed[int(rng.integers(len(allowed)))]
+        objects.append((_object_id(otype, _coords(rng, used)), otype, recep[0]))
+    return _World(layout, receps, objects, _location_id((0, 0, 0, 30)))
+
+
+def _goal_pddl(task_type: str, obj: str, recep: str, toggle: str) -> str:
+    if task_type == "pick_and_place_simple":
+        body = f"(inReceptacle ?o ?r) (objectType ?o {obj}Type) (receptacleType ?r {recep}Type)"
+        return f"(:goal (exists (?r - receptacle) (exists (?o - object) (and {body}))))"
+    if task_type in _STATE_CHANGE:
+        able, pred, _ = _STATE_CHANGE[task_type]
+        body = f"({able} ?o) ({pred} ?o) (inReceptacle ?o ?r) (objectType ?o {obj}Type) (receptacleType ?r {recep}Type)"
+        return f"(:goal (exists (?r - receptacle) (exists (?o - object) (and {body}))))"
+    if task_type == "pick_two_obj_and_place":
+        second = f"(exists (?o2 - object) (and (not (= ?o1 ?o2)) (objectType ?o2 {obj}Type) (inReceptacle ?o2 ?r)))"
+        body = f"(objectType ?o1 {obj}Type) (receptacleType ?r {recep}Type) (inReceptacle ?o1 ?r) {second}"
+        return f"(:goal (exists (?r - receptacle) (exists (?o1 - object) (and {body}))))"
+    if task_type == "look_at_obj_in_light":
+        lamp = (
+            f"(exists (?t - object ?r - receptacle ?a - agent ?l - location) (and (objectType ?t {toggle}Type) "
+            "(toggleable ?t) (isToggled ?t) (receptacleAtLocation ?r ?l) (atLocation ?a ?l) (inReceptacle ?t ?r)))"
+        )
+        held = f"(exists (?o - object ?a - agent) (and (objectType ?o {obj}Type) (holds ?a ?o)))"
+        return f"(:goal (and {lamp} {held}))"
+    raise ValueError(f"unknown task type {task_type!r}")
+
+
+def problem_pddl(world: _World, name: str, goal: str) -> str:
+    """The PDDL problem text of a world."""
+    otypes = sorted({t for _, t, _ in world.objects} | {"Knife", "ButterKnife"})
+    rtypes = sorted({t for _, t, _ in world.receptacles} | {"SinkBasin", "Microwave", "Fridge"})
+    locations = sorted({loc for _, _, loc in world.receptacles} | {world.start})
+    lines = [f"(define (problem {name})", "(:domain alfred)", "(:objects", "agent1 - agent"]
+    lines += [f"{t}Type - otype" for t in otypes]
+    lines += [f"{t}Type - rtype" for t in rtypes]
+    lines += [f"{oid} - object" for oid, _, _ in world.objects]
+    lines += [f"{rid} - receptacle" for rid, _, _ in world.receptacles]
+    lines += [f"{loc} - location" for loc in locations]
+    lines += [")", "(:init", f"(atLocation agent1 {world.start})"]
+    recep_loc = {rid: loc for rid, _, loc in world.receptacles}
+    for rid, rtype, loc in world.receptacles:
+        lines.append(f"(receptacleAtLocation {rid} {loc})")
+        lines.append(f"(receptacleType {rid} {rtype}Type)")
+        if rtype in OPENABLE:
+            lines.append(f"(openable {rid})")
+    for oid, otype, rid in world.objects:
+        kind = OBJECTS[otype]
+        lines.append(f"(objectType {oid} {otype}Type)")
+        lines.append(f"(inReceptacle {oid} {rid})")
+        lines.append(f"(objectAtLocation {oid} {recep_loc[rid]})")
+        if kind.pickupable:
+            lines.append(f"(pickupable {oid})")
+        lines += [f"({p} {oid})" for p in sorted(kind.props)]
+    present_r = {t for _, t, _ in world.receptacles}
+    for otype in otypes:
+        if otype in OBJECTS:
+            lines += [f"(canContain {r}Type {otype}Type)" for r in sorted(set(OBJECTS[otype].receptacles) & present_r)]
+    lines += [")", goal, ")"]
+    return "\n".join(lines) + "\n"
+
+
+def _stable_seed(*parts: object) -> int:
+    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little")
+
+
+def _pick(rng: np.random.Generator, items: Sequence[str]) -> str:
+    return items[int(rng.integers(len(items)))]
+
+
+def _draw_task(task_type: str, layout: Layout, rng: np.random.Generator) -> tuple[dict, list[tuple[str, Optional[str]]]]:
+    """Target object, parent receptacle (and lamp) for a task, plus the object placements."""
+    present = {t for t, _ in layout.receptacles}
+    movable = [o for o in layout.objects if OBJECTS[o].pickupable]
+    toggle = ""
+    if task_type in _STATE_CHANGE:
+        able, _, appliance = _STATE_CHANGE[task_type]
+        movable = [o for o in movable if able in OBJECTS[o].props]
+    # at least two receptacle types, so the object can start away from the goal's
+    movable = [o for o in movable if len(set(OBJECTS[o].receptacles) & present) >= 2]
+    obj = _pick(rng, movable)
+    parents = [r for r in OBJECTS[obj].receptacles if r in present]
+    if task_type in _STATE_CHANGE:
+        parents = [r for r in parents if r not in (_STATE_CHANGE[task_type][2], "GarbageCan")]
+    recep = _pick(rng, sorted(parents)) if task_type != "look_at_obj_in_light" else ""
+    starts = [r for r in OBJECTS[obj].receptacles if r in present and r != recep]
+    if not starts:
+        raise ValueError(f"{obj} cannot start away from {recep}")
+    placements: list[tuple[str, Optional[str]]] = [(obj, _pick(rng, sorted(starts)))]
+    if task_type == "pick_two_obj_and_place":
+        placements.append((obj, _pick(rng, sorted(starts))))
+    if task_type == "look_at_obj_in_light":
+        toggle = "DeskLamp"
+    # distractors: other types only, so the goal never holds by accident
+    others = [o for o in layout.objects if o != obj and o != "DeskLamp"]
+    for o in rng.permutation(others)[: int(rng.integers(4, 8))]:
+        placements.append((str(o), None))
+    if "DeskLamp" in layout.objects:
+        placements.append(("DeskLamp", None))
+    params = {
+        "object_target": obj,
+        "parent_target": recep,
+        "toggle_target": toggle,
+        "mrecep_target": "",
+        "object_sliced": False,
+    }
+    return params, placements
+
+
+def make_game(task_type: str, layout_name: str, split: str, k: int, engine_timeout_s: float = 30.0) -> dict:
+    """One verified game (authored content only), deterministic in its arguments."""
+    from twice_envs.envs.alfworld.engine import POOL, GameData
+    from twice_envs.envs.alfworld.games import BUNDLED_FORMAT, alfworld_data_file, grammar_with_goal
+
+    layout = LAYOUTS[layout_name]
+    name = f"{task_type}-{layout_name}-{split}-{k}"
+    for attempt in range(20):
+        rng = np.random.default_rng(_stable_seed(name, attempt))
+        params, placements = _draw_task(task_type, layout, rng)
+        world = _build_world(layout, rng, placements)
+        obj, recep = params["object_target"].lower(), params["parent_target"].lower()
+        goal = goal_sentence(task_type, obj, recep, params["toggle_target"].lower(), variant=k)
+        pddl_name = "plan_" + name.replace("-", "_")
+        problem = problem_pddl(world, pddl_name, _goal_pddl(task_type, params["object_target"], params["parent_target"], params["toggle_target"]))
+        game = GameData(name, alfworld_data_file("alfred.pddl"), grammar_with_goal(goal), problem, task_type=task_type, goal=goal)
+        engine = POOL.acquire(game)
+        try:
+            engine.reset()
+            if engine.won:
+                continue
+            plan = engine.plan(engine_timeout_s)
+            if len(plan) < 2:
+                continue
+            for command in plan:
+                if command not in engine.admissible:
+                    raise AssertionError(f"{name}: planner command {command!r} is not admissible")
+                engine.step(command)
+            if not engine.won:
+                continue
+        finally:
+            POOL.release(engine)
+        return {
+            "format": BUNDLED_FORMAT,
+            "name": name,
+            "split": split,
+            "task_type": task_type,
+            "layout": layout_name,
+            "goal": goal,
+            "pddl_params": params,
+            "pddl_problem": problem,
+            "walkthrough": plan,
+        }
+    raise RuntimeError(f"could not generate a verified game for {name}")
+
+
+def generate(out_dir: Path) -> list[Path]:
+    """Write the bundled set: every task type in its seen layouts (train, valid_seen) and unseen ones."""
+    from twice_envs.trajectory import atomic_write_text
+
+    written = []
+    for task_type in TASK_TYPES:
+        seen, unseen = TASK_LAYOUTS[task_type]
+        for split, count in SPLIT_COUNTS.items():
+            for layout_name in unseen if split == "valid_unseen" else seen:
+                for k in range(count):
+                    game = make_game(task_type, layout_name, split, k)
+                    path = out_dir / split / f"{game['name']}.json"
+                    atomic_write_text(path, json.dumps(game, indent=1, sort_keys=True) + "\n")
+                    written.append(path)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from twice_envs.envs.alfworld.games import BUNDLED_DIR
+
+    parser = argparse.ArgumentParser(description="Generate the bundled ALFWorld games (verified by the engine).")
+    parser.add_argument("--out", default=str(BUNDLED_DIR), help="output folder (default: the package's bundled/)")
+    args = parser.parse_args(argv)
+    paths = generate(Path(args.out))
+    print(f"wrote {len(paths)} games under {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
