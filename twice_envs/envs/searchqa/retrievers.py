@@ -72,6 +72,9 @@ class DenseParams:
         index_path: a prebuilt faiss ``.index`` file over the same corpus order
             (skips encoding the corpus).
         use_gpu: move the faiss index to the GPUs when faiss-gpu is installed.
+        device: torch device of the encoder (``"cpu"``, ``"cuda"``).
+        threads: torch CPU threads while encoding (0: torch's default). One thread
+            is fastest for single queries and avoids contention on a busy machine.
     """
 
     model_path: Optional[str] = None
@@ -81,6 +84,8 @@ class DenseParams:
     batch_size: int = 64
     index_path: Optional[str] = None
     use_gpu: bool = False
+    device: str = "cpu"
+    threads: int = 1
 
 
 def default_model_path() -> str:
@@ -104,28 +109,49 @@ def _model_digest(path: Path) -> str:
 class Encoder:
     """Mean-pooled, L2-normalised sentence embeddings from a local transformers model."""
 
-    def __init__(self, model_path: str, max_length: int = 256) -> None:
+    def __init__(self, model_path: str, max_length: int = 256, device: str = "cpu", threads: int = 1) -> None:
         from twice_envs._deps import require
 
         self.torch = require("torch", "dense", "dense retrieval")
         transformers = require("transformers", "dense", "dense retrieval")
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        self.model = transformers.AutoModel.from_pretrained(model_path, local_files_only=True).eval()
-        self.max_length = max_length
+        self.model = transformers.AutoModel.from_pretrained(model_path, local_files_only=True).eval().to(device)
+        self.max_length, self.device, self.threads = max_length, device, int(threads)
 
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         torch = self.torch
         out = []
+        saved = torch.get_num_threads()
+        if self.threads > 0:
+            torch.set_num_threads(self.threads)
+        try:
+            return self._encode(texts, batch_size, out)
+        finally:
+            torch.set_num_threads(saved)
+
+    def _encode(self, texts: Sequence[str], batch_size: int, out: list) -> np.ndarray:
+        torch = self.torch
         with torch.no_grad():
             for i in range(0, len(texts), batch_size):
                 batch = self.tokenizer(list(texts[i : i + batch_size]), padding=True, truncation=True,
-                                       max_length=self.max_length, return_tensors="pt")
+                                       max_length=self.max_length, return_tensors="pt").to(self.device)
                 hidden = self.model(**batch).last_hidden_state
                 mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                out.append(torch.nn.functional.normalize(pooled, p=2, dim=1).numpy().astype(np.float32))
+                out.append(torch.nn.functional.normalize(pooled, p=2, dim=1).cpu().numpy().astype(np.float32))
         return np.concatenate(out) if out else np.zeros((0, self.model.config.hidden_size), np.float32)
+
+
+_ENCODERS: dict[tuple, Encoder] = {}
+
+
+def get_encoder(model_path: str, max_length: int = 256, device: str = "cpu", threads: int = 1) -> Encoder:
+    """A process-wide encoder per (path, settings): loading a model takes seconds."""
+    key = (str(model_path), max_length, device, threads)
+    if key not in _ENCODERS:
+        _ENCODERS[key] = Encoder(str(model_path), max_length, device, threads)
+    return _ENCODERS[key]
 
 
 class DenseRetriever(Retriever):
@@ -140,8 +166,8 @@ class DenseRetriever(Retriever):
         self.faiss = require("faiss", "dense", "dense retrieval")
         self.corpus, self.params = corpus, params
         model_path = Path(params.model_path or default_model_path())
-        self.encoder = Encoder(str(model_path), params.max_length)
-        settings = {k: v for k, v in asdict(params).items() if k not in ("batch_size", "use_gpu", "model_path")}
+        self.encoder = get_encoder(str(model_path), params.max_length, params.device, params.threads)
+        settings = {k: v for k, v in asdict(params).items() if k not in ("batch_size", "use_gpu", "model_path", "device", "threads")}
         digest = hashlib.sha256(json.dumps([DENSE_FORMAT, _model_digest(model_path), settings], sort_keys=True).encode()).hexdigest()
         if params.index_path:
             index = self.faiss.read_index(str(params.index_path))
