@@ -130,6 +130,22 @@ class WebShopEnv(TextEnv):
     def protocol(self) -> Protocol:
         return Protocol(instructions=INSTRUCTIONS, stop=("\nObservation:",), action_format="search[<query>] | click[<element>]")
 
+    def _spawn(self) -> "WebShopEnv":
+        """A fresh env with this one's configuration and shared read-only resources.
+
+        Equivalent to ``make(self.spec.id, **self.spec.kwargs)`` (the resources would come
+        from the per-process cache anyway) without re-validating kwargs, which is most of
+        a fork's cost.
+        """
+        if self.spec is None:
+            return super()._spawn()
+        child = object.__new__(type(self))
+        child.__dict__.update(self.__dict__)
+        child._traj, child._schedule, child._snapshots = None, None, []
+        child._done, child._last_info, child._state = False, {}, ()
+        child._np_random, child._np_random_seed = None, None  # reseeded by the restore or replay
+        return child
+
     def _snapshot(self) -> Any:
         return self._state
 

@@ -47,6 +47,7 @@ class Resources:
 
 
 _CACHE: dict[tuple, Resources] = {}
+_DATA: dict[tuple, tuple] = {}
 _LOCK = threading.Lock()
 
 
@@ -74,10 +75,15 @@ def get_resources(
     with _LOCK:
         res = _CACHE.get(key)
         if res is None:
-            if products_path is None:
-                cat, index, table = _generated(num_products, catalogue_seed)
-            else:
-                cat, index, table = load_catalogue(products_path, attributes_path, human_path, num_products, cache_root)
+            data_key = key[:4] + key[6:]
+            data = _DATA.get(data_key)
+            if data is None:
+                if products_path is None:
+                    data = _generated(num_products, catalogue_seed)
+                else:
+                    data = load_catalogue(products_path, attributes_path, human_path, num_products, cache_root)
+                _DATA[data_key] = data
+            cat, index, table = data
             res = Resources(cat, index, GoalSet(cat, goals, price_seed, table if goals == "synthetic" else None))
             _CACHE[key] = res
     return res
@@ -173,3 +179,4 @@ def build_cache(root: Path, products_path: str, attributes_path: Optional[str], 
 def clear_process_cache() -> None:
     """Forget the per-process resources (tests and benchmarks)."""
     _CACHE.clear()
+    _DATA.clear()
