@@ -287,6 +287,15 @@ def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, bat
     )
     model.train()
     losses = []
+    with torch.enable_grad():
+        _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log)
+    model.eval()
+    return losses
+
+
+def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log) -> None:
+    import torch
+
     for step in range(steps):
         idx = torch.randint(len(seqs), (batch_size,), generator=g).tolist()
         batch = [seqs[i] for i in idx]
@@ -311,8 +320,6 @@ def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, bat
         losses.append(loss.item())
         if step % 25 == 0 or step == steps - 1:
             log(f"step {step + 1}/{steps} loss {np.mean(losses[-25:]):.3f}")
-    model.eval()
-    return losses
 
 
 def tiny_path() -> Path:
@@ -343,8 +350,17 @@ def convert_smollm2(out_dir: Optional[os.PathLike] = None, progress: bool = True
     final = Path(out_dir) if out_dir is not None else models_dir() / SMOLLM2_NAME
     gguf = smollm2_gguf()
     t0 = time.time()
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    # The weights are dequantised on load, but the model still carries the GGUF
+    # quantisation marker, which blocks saving: copy them into a plain model.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict(), strict=False)
+    model.tie_weights()
+    del loaded
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     model.save_pretrained(tmp, safe_serialization=True)

@@ -1,0 +1,307 @@
+"""Rollouts and twin rollouts of a policy on any registered env, through the uniform step API.
+
+:func:`rollout` runs groups of episodes (GRPO groups: ``group_size`` episodes per task),
+generating one turn for every live episode in a single batched call per step.
+:func:`branch_rollouts` forks factual episodes at a turn, samples an alternative turn
+on branch ``k >= 1`` and continues it with the factual noise (coupled twins) or fresh
+noise (independent counterfactuals), batched across all requests.
+
+Each episode's context is kept as token ids (never re-tokenised), so a record's
+``prompt_ids`` and turns rebuild exactly what the model saw (:func:`pack_episode`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+import twice_envs
+from twice_envs.agents.policy import Generation, GenerationRequest, SamplingConfig
+from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
+from twice_envs.agents.types import EpisodeRecord, TurnRecord
+from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule
+
+#: Final-info entries never copied into ``EpisodeRecord.info`` (bulky or per-step).
+_INFO_SKIP = ("noise_key", "digest", "admissible_actions", "turn", "messages")
+
+
+@dataclass
+class Task:
+    """One GRPO group: ``group_size`` episodes of the same task."""
+
+    seed: int
+    """The env reset seed (with ``options``, it names the task)."""
+    options: dict = field(default_factory=dict)
+    """Reset options (e.g. ``{"index": 17, "split": "dev"}``)."""
+
+
+@dataclass
+class BranchRequest:
+    """One twin to run (see :func:`branch_rollouts`)."""
+
+    episode: int
+    """Index of the factual episode in the list passed to :func:`branch_rollouts`."""
+    turn: int
+    """The branch turn ``t``."""
+    branch: int = 1
+    """``k >= 1``: the noise branch of the alternative turn."""
+    coupled: bool = True
+    """True: later turns read the factual keys; False: a fresh ``noise_seed`` (CRR / VinePPO)."""
+    noise_seed: Optional[int] = None
+    """The fresh episode seed when ``coupled=False`` (required then)."""
+    action: Optional[str] = None
+    """Force this alternative text instead of sampling one."""
+
+
+def episode_noise_seed(noise_seed: int, group: int, index: int) -> int:
+    """The 64-bit episode seed of episode ``index`` of group ``group`` (stable everywhere)."""
+    words = np.random.SeedSequence([int(noise_seed) & UINT64_MAX, int(group), int(index), 0x52_4F_4C]).generate_state(
+        2, np.uint32
+    )
+    return int(words[0]) | (int(words[1]) << 32)
+
+
+@dataclass
+class _Live:
+    """An episode being generated."""
+
+    env: Any
+    record: EpisodeRecord
+    context: list[int]
+    turn_cap: int
+    token_counter: int = 0
+    stop: tuple[str, ...] = ()
+
+
+def _json_info(info: dict) -> dict:
+    out = {}
+    for k, v in info.items():
+        if k in _INFO_SKIP:
+            continue
+        if isinstance(v, (bool, int, float, str)) or v is None:
+            out[k] = v
+        elif isinstance(v, np.generic):
+            out[k] = v.item()
+    return out
+
+
+def _finish(live: _Live, info: dict, terminated: bool, truncated: bool) -> None:
+    rec = live.record
+    rec.terminated, rec.truncated = bool(terminated), bool(truncated)
+    rec.trajectory = live.env.trajectory.to_json()
+    rec.utility = float(sum(rec.trajectory["rewards"]))
+    keep = _json_info(info)
+    keep["turn_cap"] = live.turn_cap
+    rec.info.update(keep)
+
+
+def _apply(policy, live: _Live, gen: Generation, key: NoiseKey) -> bool:
+    """Step the env with a generated turn and record it; returns whether the episode is over."""
+    obs, reward, terminated, truncated, info = live.env.step(gen.text)
+    over = bool(terminated or truncated)
+    if not over and live.env.turn >= live.turn_cap:
+        truncated = over = True
+    obs_ids = [] if over else observation_ids(policy.tokenizer, obs)
+    live.record.turns.append(
+        TurnRecord(
+            token_ids=list(gen.token_ids),
+            logprobs=[float(x) for x in gen.logprobs],
+            text=gen.text,
+            noise_key=NoiseKey(*key.base()),
+            obs=obs,
+            obs_token_ids=obs_ids,
+            reward=float(reward),
+            digest=info.get("digest", ""),
+            entropy=float(gen.entropy),
+            invalid=bool(info.get("invalid", False)),
+        )
+    )
+    live.context += list(gen.token_ids) + obs_ids
+    live.token_counter += len(gen.token_ids)
+    if over:
+        _finish(live, info, terminated, truncated)
+    return over
+
+
+def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int) -> None:
+    """Generate and step every live episode until all are over (one batched call per step)."""
+    active = [x for x in live if not x.env.done]
+    for x in live:
+        if x.env.done and x.record.trajectory is None:
+            _finish(x, dict(x.env.last_info), x.env.trajectory.terminated, x.env.trajectory.truncated)
+    while active:
+        still = []
+        for start in range(0, len(active), batch_size):
+            chunk = active[start: start + batch_size]
+            keys = [NoiseKey(*x.env.last_info.get("noise_key", x.env.noise_key())) for x in chunk]
+            reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter) for x, k in zip(chunk, keys)]
+            gens = policy.generate(reqs, sampling)
+            for x, g, k in zip(chunk, gens, keys):
+                if not _apply(policy, x, g, k):
+                    still.append(x)
+        active = still
+
+
+def _make_env(env_id: str, env_kwargs: Optional[dict]):
+    return twice_envs.make(env_id, **(env_kwargs or {}))
+
+
+def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, sampling: SamplingConfig,
+            env_kwargs: Optional[dict] = None, noise_seed: int = 0, max_turns: Optional[int] = None,
+            system: Optional[str] = None, batch_size: int = 64) -> list[EpisodeRecord]:
+    """Run ``group_size`` episodes of every task; returns the records in group order.
+
+    Episode ``j`` of group ``g`` gets the episode seed :func:`episode_noise_seed`
+    ``(noise_seed, g, j)``, passed as the reset option ``noise_seed``; its record has
+    ``group = g``. ``max_turns`` caps the turns (the env's own limit applies too).
+    Generation is batched across all live episodes (``batch_size`` rows per call).
+    """
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    live: list[_Live] = []
+    for g, task in enumerate(tasks):
+        if not isinstance(task, Task):
+            task = Task(*task) if isinstance(task, (tuple, list)) else Task(int(task))
+        for j in range(group_size):
+            env = _make_env(env_id, env_kwargs)
+            options = dict(task.options)
+            options["noise_seed"] = episode_noise_seed(noise_seed, g, j)
+            obs, info = env.reset(seed=int(task.seed), options=options)
+            cap = env.unwrapped.max_turns if hasattr(env.unwrapped, "max_turns") else 50
+            if max_turns is not None:
+                cap = min(cap, int(max_turns))
+            prompt = initial_prompt_ids(policy.tokenizer, obs, system)
+            rec = EpisodeRecord(env_id=env.unwrapped.env_id, seed=int(task.seed), options=dict(task.options), group=g,
+                                prompt_ids=list(prompt))
+            live.append(_Live(env, rec, list(prompt), cap, 0, tuple(env.unwrapped.protocol().stop)))
+    _run(policy, live, sampling, batch_size)
+    return [x.record for x in live]
+
+
+def _factual_context(ep: EpisodeRecord, turn: int) -> tuple[list[int], int]:
+    ctx = list(ep.prompt_ids)
+    n = 0
+    for t in ep.turns[:turn]:
+        ctx += list(t.token_ids) + list(t.obs_token_ids)
+        n += len(t.token_ids)
+    return ctx, n
+
+
+@torch.no_grad()
+def score_tokens(policy, context: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> tuple[list[float], float]:
+    """Log-probs of ``tokens`` after ``context`` under the sampling distribution, and the mean entropy."""
+    from twice_envs.agents.sampling import sampling_logits
+
+    ids = torch.tensor([list(context) + list(tokens)], dtype=torch.long, device=policy.device)
+    logits = policy.model(input_ids=ids).logits[0, len(context) - 1: -1]
+    z = sampling_logits(logits, sampling.temperature, sampling.top_p)
+    logp = torch.log_softmax(z, -1)
+    p = logp.exp()
+    ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+    lp = logp.gather(-1, torch.tensor(list(tokens), device=logp.device)[:, None]).squeeze(-1)
+    return lp.tolist(), float(ent.mean()) if len(tokens) else 0.0
+
+
+def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
+                    sampling: SamplingConfig, env_kwargs: Optional[dict] = None,
+                    batch_size: int = 64) -> list[EpisodeRecord]:
+    """Twins of factual episodes (one record per request, in request order).
+
+    For each request: rebuild the factual env at turn ``t`` (replay, verified against the
+    digest chain), sample the alternative turn with key ``(seed, t, branch)`` (or take
+    ``action``), and
+
+    * **self-twin** (coupled, alternative text == factual text): the twin is the factual
+      episode; the record has ``self_twin=True``, the factual utility and only the
+      alternative turn; nothing is continued;
+    * otherwise step the alternative through :func:`twice_envs.wrappers.twin`
+      (``same_evidence`` when its observation equals the factual one) and continue
+      with the keys the twin env reports: the factual keys when coupled, a fresh
+      ``noise_seed`` when not. A twin never runs past the factual episode's turn cap.
+
+    Records have ``twin_of=(episode, t)``, ``branch``, ``coupled``, ``prompt_ids`` = the
+    context before turn ``t`` and ``turns`` from ``t`` on; ``utility`` is the twin
+    trajectory's total reward (comparable to the factual ``utility``).
+    ``env_kwargs`` is accepted for symmetry with :func:`rollout`; the env is rebuilt
+    from the factual record's own kwargs.
+    """
+    from twice_envs.wrappers.twin import twin
+
+    del env_kwargs  # the trajectory record carries the env kwargs
+    prepared = []
+    alt_reqs: list[tuple[int, GenerationRequest]] = []
+    for i, r in enumerate(requests):
+        if not 0 <= r.episode < len(factual):
+            raise IndexError(f"request {i}: episode {r.episode} is not in the factual list ({len(factual)} episodes)")
+        ep = factual[r.episode]
+        if ep.trajectory is None:
+            raise ValueError(f"request {i}: the factual episode has no trajectory record")
+        if not 0 <= r.turn < len(ep.turns):
+            raise ValueError(f"request {i}: turn {r.turn} is outside the factual episode ({len(ep.turns)} turns)")
+        if r.branch < 1:
+            raise ValueError(f"request {i}: branch must be >= 1 (0 is the factual episode), got {r.branch}")
+        if not r.coupled and r.noise_seed is None:
+            raise ValueError(f"request {i}: an independent twin (coupled=False) needs a fresh noise_seed")
+        schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
+        seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
+        env = twice_envs.replay(ep.trajectory, turn=r.turn)
+        ctx, counter = _factual_context(ep, r.turn)
+        key = NoiseKey(seed, r.turn, r.branch)
+        stop = tuple(env.protocol().stop)
+        prepared.append((r, ep, env, ctx, counter, key, stop, schedule))
+        if r.action is None:
+            alt_reqs.append((i, GenerationRequest(ctx, key, stop, counter)))
+
+    alternatives: dict[int, Generation] = {}
+    for start in range(0, len(alt_reqs), batch_size):
+        chunk = alt_reqs[start: start + batch_size]
+        for (i, _), g in zip(chunk, policy.generate([q for _, q in chunk], sampling)):
+            alternatives[i] = g
+    for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
+        if r.action is not None:
+            toks = list(policy.tokenizer.encode(r.action, add_special_tokens=False))
+            lp, ent = score_tokens(policy, ctx, toks, sampling) if toks else ([], 0.0)
+            alternatives[i] = Generation(r.action, toks, lp, ent, "forced")
+
+    out: list[EpisodeRecord] = []
+    live: list[_Live] = []
+    for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
+        alt = alternatives[i]
+        rec = EpisodeRecord(env_id=ep.env_id, seed=ep.seed, options=dict(ep.options), group=ep.group, prompt_ids=ctx,
+                            twin_of=(r.episode, r.turn), branch=r.branch, coupled=r.coupled)
+        cap = int(ep.info.get("turn_cap", len(ep.turns) if ep.truncated else 10**9))
+        if r.coupled and alt.text == ep.turns[r.turn].text:
+            fact = ep.turns[r.turn]
+            rec.self_twin = True
+            rec.same_evidence = True
+            rec.turns = [TurnRecord(list(alt.token_ids), list(alt.logprobs), alt.text, key, fact.obs,
+                                    list(fact.obs_token_ids), fact.reward, fact.digest, alt.entropy, fact.invalid)]
+            rec.utility = ep.utility
+            rec.trajectory = ep.trajectory
+            rec.terminated, rec.truncated = ep.terminated, ep.truncated
+            rec.info = dict(ep.info)
+            out.append(rec)
+            continue
+        tw = twin(env, alt.text, schedule if r.coupled else int(r.noise_seed), branch=r.branch)
+        obs, reward, terminated, truncated, info = tw.first_step
+        rec.same_evidence = obs == ep.turns[r.turn].obs
+        x = _Live(tw, rec, list(ctx), cap, counter, stop)
+        over = bool(terminated or truncated) or tw.turn >= cap
+        if over and not (terminated or truncated):
+            truncated = True
+        obs_ids = [] if over else observation_ids(policy.tokenizer, obs)
+        rec.turns.append(TurnRecord(list(alt.token_ids), [float(v) for v in alt.logprobs], alt.text, key, obs, obs_ids,
+                                    float(reward), info.get("digest", ""), float(alt.entropy),
+                                    bool(info.get("invalid", False))))
+        x.context += list(alt.token_ids) + obs_ids
+        x.token_counter += len(alt.token_ids)
+        if over:
+            _finish(x, info, terminated, truncated)
+        else:
+            live.append(x)
+        out.append(rec)
+    _run(policy, live, sampling, batch_size)
+    return out
