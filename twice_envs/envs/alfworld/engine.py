@@ -17,6 +17,7 @@ commands of the first state; a step costs what the engine's step costs.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import sys
 import threading
@@ -111,7 +112,9 @@ def _modules() -> tuple[Any, Any, Any, Any]:
     pddl = require("textworld.envs.pddl", "alfworld", "the ALFWorld env (textworld[pddl])")
     from textworld.envs.pddl import logic as pddl_logic
 
-    _install_translation_cache(fast_downward)
+    if not _caches_disabled:
+        _install_translation_cache(fast_downward)
+        _install_text_caches()
     return textworld, fast_downward, pddl, pddl_logic
 
 
@@ -142,6 +145,70 @@ def _install_translation_cache(fast_downward: Any) -> None:
     pddl2sas._twice_cached = True  # type: ignore[attr-defined]
     pddl2sas.__wrapped__ = original  # type: ignore[attr-defined]
     fast_downward.pddl2sas = pddl2sas
+
+
+def _install_text_caches() -> None:
+    """Memoise the engine's parsing of grammar snippets and queries (pure functions of their text).
+
+    The engine re-parses, with a PEG parser, every template and condition it renders
+    on every step (the admissible commands alone need dozens), which is most of a
+    step's cost. The cached parse trees are deep-copied on each use, exactly as a fresh
+    parse would hand out new objects; conjunctive queries are immutable rules. The
+    equivalence is tested against the plain engine on every bundled game.
+    """
+    from textworld.envs.pddl import textgen
+    from textworld.logic import Rule
+
+    parse = textgen._parse_and_convert
+    if not getattr(parse, "_twice_cached", False):
+        trees: dict = {}
+
+        def parse_and_convert(text: str, rule_name: str = "start", trace: bool = False, **kwargs: Any) -> Any:
+            if trace or kwargs:
+                return parse(text, rule_name=rule_name, trace=trace, **kwargs)
+            key = (text, rule_name)
+            tree = trees.get(key)
+            if tree is None:
+                tree = trees[key] = parse(text, rule_name=rule_name)
+            return copy.deepcopy(tree)
+
+        parse_and_convert._twice_cached = True  # type: ignore[attr-defined]
+        parse_and_convert.__wrapped__ = parse  # type: ignore[attr-defined]
+        textgen._parse_and_convert = parse_and_convert
+
+    query = Rule.__dict__["parse_conjunctive_query"].__func__
+    if not getattr(query, "_twice_cached", False):
+        rules: dict = {}
+
+        def parse_conjunctive_query(cls: type, expr: str) -> Any:
+            rule = rules.get((cls, expr))
+            if rule is None:
+                rule = rules[(cls, expr)] = query(cls, expr)
+            return rule
+
+        parse_conjunctive_query._twice_cached = True  # type: ignore[attr-defined]
+        parse_conjunctive_query.__wrapped__ = query  # type: ignore[attr-defined]
+        Rule.parse_conjunctive_query = classmethod(parse_conjunctive_query)
+
+
+def plain_engine() -> None:
+    """Undo the caches of this module in this process (to measure or compare the plain engine)."""
+    import fast_downward
+    from textworld.envs.pddl import textgen
+    from textworld.logic import Rule
+
+    if getattr(fast_downward.pddl2sas, "_twice_cached", False):
+        fast_downward.pddl2sas = fast_downward.pddl2sas.__wrapped__
+    if getattr(textgen._parse_and_convert, "_twice_cached", False):
+        textgen._parse_and_convert = textgen._parse_and_convert.__wrapped__
+    query = Rule.__dict__["parse_conjunctive_query"].__func__
+    if getattr(query, "_twice_cached", False):
+        Rule.parse_conjunctive_query = classmethod(query.__wrapped__)
+    global _caches_disabled
+    _caches_disabled = True
+
+
+_caches_disabled = False
 
 
 def _logic_for(game: GameData) -> Any:

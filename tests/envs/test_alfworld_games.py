@@ -1,0 +1,146 @@
+"""Bundled ALFWorld games: each is solved by its walkthrough in the real engine and by the expert;
+the engine's parse caches change nothing; the generator is deterministic."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("alfworld")
+pytest.importorskip("fast_downward")
+
+import twice_envs  # noqa: E402
+from twice_envs.envs.alfworld.engine import POOL, PlannerTimeout  # noqa: E402
+from twice_envs.envs.alfworld.expert import ALFWorldExpert, ExpertError, solve  # noqa: E402
+from twice_envs.envs.alfworld.games import BUNDLED_DIR, SPLITS, TASK_TYPES, list_games, load_game  # noqa: E402
+
+ENTRIES = [e for split in SPLITS for e in list_games(None, split, TASK_TYPES)]
+
+
+def test_bundled_set_covers_every_task_type_and_split():
+    assert len(ENTRIES) == len({e.path for e in ENTRIES}) >= 36
+    for split in SPLITS:
+        assert {e.task_type for e in list_games(None, split, TASK_TYPES)} == set(TASK_TYPES)
+    layouts = {json.loads(Path(e.path).read_text())["layout"] for e in ENTRIES}
+    assert len(layouts) >= 4
+    # only authored content is stored: no engine domain or grammar in the package
+    for e in ENTRIES:
+        stored = json.loads(Path(e.path).read_text())
+        assert "pddl_domain" not in stored and "grammar" not in stored
+        assert "(:domain alfred)" in stored["pddl_problem"]
+
+
+@pytest.mark.slow
+def test_every_bundled_walkthrough_wins_in_the_engine():
+    for entry in ENTRIES:
+        game = load_game(entry)
+        engine = POOL.acquire(game)
+        try:
+            obs = engine.reset()
+            assert f"Your task is to: {game.goal}." in obs
+            assert not engine.won
+            for i, command in enumerate(game.walkthrough):
+                assert command in engine.admissible, (entry.name, command)
+                engine.step(command)
+                assert engine.won == (i == len(game.walkthrough) - 1), (entry.name, i)
+        finally:
+            POOL.release(engine)
+
+
+@pytest.mark.slow
+def test_every_bundled_game_is_solved_by_the_expert():
+    expert = ALFWorldExpert(timeout_s=30)
+    for split in SPLITS:
+        env = twice_envs.make("ALFWorld-v0", split=split)
+        for i, name in enumerate(env.games):
+            assert solve(env, seed=0, options={"index": i}, expert=expert), (split, name)
+            assert env.turn <= len(env.game.walkthrough) + 2
+    expert.close()
+
+
+def test_expert_recovers_after_a_detour_and_refuses_when_done():
+    env = twice_envs.make("ALFWorld-v0")
+    env.reset(seed=0, options={"index": 2})
+    expert = ALFWorldExpert()
+    first = expert.act(env)
+    assert first == env.game.walkthrough[0] or first.startswith("go to ")
+    others = [a for a in env.last_info["admissible_actions"] if a.startswith("go to ") and a != first]
+    env.step(others[0])  # leave the plan
+    env.step("dance")  # an invalid command changes nothing
+    while not env.done:
+        env.step(expert.act(env))
+    assert env.last_info["won"] and expert.plans_made >= 2
+    with pytest.raises(ExpertError, match="already holds"):
+        expert.act(env)
+
+
+def test_planner_timeout_is_bounded_and_abandons_the_engine(monkeypatch):
+    import time
+
+    env = twice_envs.make("ALFWorld-v0")
+    env.reset(seed=0)
+    expert = ALFWorldExpert(timeout_s=0.2)
+    expert.act(env)  # load the expert's engine
+    engine = expert._engine
+    expert._plan = []
+    monkeypatch.setattr(type(engine._env._pddl_state), "replan", lambda self, infos: time.sleep(3) or [])
+    start = time.monotonic()
+    with pytest.raises(PlannerTimeout, match="within 0.2 s"):
+        expert.act(env)
+    assert time.monotonic() - start < 2.0
+    assert engine.poisoned and expert._engine is None
+    POOL.release(engine)
+    assert engine not in POOL._idle
+
+
+_PLAIN_SCRIPT = """
+import json, sys
+from twice_envs.envs.alfworld import engine
+engine.plain_engine()
+from twice_envs.envs.alfworld.games import list_games, load_game, TASK_TYPES
+out = []
+for name, commands in json.loads(sys.stdin.read()):
+    entry = next(e for e in list_games(None, "train", TASK_TYPES) if e.name == name)
+    eng = engine.Engine(); eng.load(load_game(entry))
+    rows = [(eng.reset(), eng.admissible, eng.won)]
+    for c in commands:
+        rows.append((eng.step(c), eng.admissible, eng.won))
+    out.append(rows)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_cached_engine_equals_the_plain_engine():
+    """The parse and translation caches give the same text and commands as the untouched engine."""
+    picks = {}
+    for e in list_games(None, "train", TASK_TYPES):
+        picks.setdefault(e.task_type, e.name)
+    script = []
+    ours = []
+    for name in picks.values():
+        env = twice_envs.make("ALFWorld-v0")
+        env.reset(seed=0, options={"game": name})
+        walk = list(env.game.walkthrough)
+        commands = ["look", "inventory", walk[0], "examine " + walk[0][6:], *walk[1:]]
+        rows = [(env.trajectory.observations[0], env.last_info["admissible_actions"], False)]
+        for c in commands:
+            obs, _, _, _, info = env.step(c)
+            rows.append((obs, info["admissible_actions"], info["won"]))
+        script.append((name, commands))
+        ours.append(rows)
+    proc = subprocess.run([sys.executable, "-c", _PLAIN_SCRIPT], input=json.dumps(script), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plain = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [[list(r) for r in rows] for rows in ours] == plain
+
+
+def test_generator_is_deterministic_and_matches_the_bundled_file():
+    from twice_envs.envs.alfworld.generator import make_game
+
+    path = BUNDLED_DIR / "valid_unseen" / "pick_heat_then_place_in_recep-kitchen_b-valid_unseen-0.json"
+    assert make_game("pick_heat_then_place_in_recep", "kitchen_b", "valid_unseen", 0) == json.loads(path.read_text())

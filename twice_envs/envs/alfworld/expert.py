@@ -1,0 +1,116 @@
+"""The engine's own planner (fast downward on ALFWorld's PDDL) as a scripted agent.
+
+    expert = ALFWorldExpert(timeout_s=20)
+    obs, info = env.reset(seed=0)
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(expert.act(env))
+
+The expert keeps its own engine (never the env's), follows the env's history, and
+plans from the current state: it replans only when the history leaves its plan. The
+planner runs native code that cannot be interrupted, so each plan is bounded by
+``timeout_s``; past it :class:`~twice_envs.envs.alfworld.engine.PlannerTimeout` is
+raised and the stuck engine is abandoned, so a hanging planner never hangs the env.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from twice_envs.errors import TwiceError
+from twice_envs.envs.alfworld import engine as _engine
+from twice_envs.envs.alfworld.env import ALFWorldEnv, parse_action
+
+
+class ExpertError(TwiceError):
+    """The expert cannot act (no plan from this state, or not an ALFWorld env)."""
+
+
+class ALFWorldExpert:
+    """Next command from the engine's planner for the state of an ALFWorld env.
+
+    Args:
+        timeout_s: wall-clock limit of one planner call.
+    """
+
+    def __init__(self, timeout_s: float = 20.0) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        self._engine: Optional[_engine.Engine] = None
+        self._history: list[str] = []
+        self._plan: list[str] = []
+        self.plans_made = 0
+
+    def _base(self, env: Any) -> ALFWorldEnv:
+        from twice_envs.wrappers.base import unwrap
+
+        base = unwrap(env)
+        if not isinstance(base, ALFWorldEnv) or base.game is None:
+            raise ExpertError("the ALFWorld expert needs an ALFWorld env after reset()")
+        return base
+
+    def _sync(self, base: ALFWorldEnv) -> None:
+        """Bring the expert's engine to the env's state (incrementally when the env moved on)."""
+        game = base.game
+        history = [parse_action(a) for a in base.trajectory.actions]
+        fresh = self._engine is None or self._engine.key != game.key or history[: len(self._history)] != self._history
+        if fresh:
+            self.close()
+            self._engine = _engine.POOL.acquire(game)
+            self._engine.reset()
+            self._history, self._plan = [], []
+        engine = self._engine
+        for command in history[len(self._history) :]:
+            if self._plan and command == self._plan[0]:
+                self._plan.pop(0)
+            else:
+                self._plan = []
+            if command in engine.admissible:
+                engine.step(command)
+            self._history.append(command)
+
+    def act(self, env: Any) -> str:
+        """The planner's next command for ``env`` (an ALFWorld env or a wrapper of one)."""
+        base = self._base(env)
+        self._sync(base)
+        engine = self._engine
+        if engine.won:
+            raise ExpertError(f"the goal of {base.game.name} already holds; there is nothing left to do")
+        if not self._plan or self._plan[0] not in engine.admissible:
+            try:
+                self._plan = engine.plan(self.timeout_s)
+            except _engine.PlannerTimeout:
+                self._engine = None  # abandoned with its thread; never reused
+                self._history, self._plan = [], []
+                raise
+            self.plans_made += 1
+        if not self._plan:
+            raise ExpertError(f"the planner found no plan from this state of {base.game.name}")
+        return self._plan[0]
+
+    def as_policy(self) -> Callable[[Any, dict, np.random.Generator], str]:
+        """``policy(env, info, rng) -> action`` (the form ``check_env`` and rollouts take)."""
+        return lambda env, info, rng: self.act(env)
+
+    def close(self) -> None:
+        """Give the expert's engine back to the pool."""
+        engine, self._engine = self._engine, None
+        _engine.POOL.release(engine)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 -- interpreter shutdown
+            pass
+
+
+def solve(env: Any, *, seed: int = 0, options: Optional[dict] = None, expert: Optional[ALFWorldExpert] = None) -> bool:
+    """Reset ``env`` and play the expert until the episode ends; returns whether it won."""
+    expert = expert or ALFWorldExpert()
+    _, info = env.reset(seed=seed, options=options)
+    while True:
+        _, _, terminated, truncated, info = env.step(expert.act(env))
+        if terminated or truncated:
+            return bool(info.get("won"))
