@@ -1,0 +1,131 @@
+"""The policy loss: PPO-clip on generated tokens with a KL penalty to a frozen reference.
+
+Per generated token ``i`` of turn ``t`` (observation and prompt tokens never enter):
+
+    r_i  = exp(logp_new_i - logp_old_i)
+    pg_i = -min(r_i A_t, clip(r_i, 1 - eps, 1 + eps) A_t)
+    kl_i = exp(logp_ref_i - logp_new_i) - (logp_ref_i - logp_new_i) - 1   (the k3 estimator, >= 0)
+    loss = mean over the batch's generated tokens of (pg_i + kl_coef kl_i)
+
+Log-probs are those of the tempered distribution ``softmax(logits / tau)`` the turns
+were sampled from (top-p only prunes sampling; it is not applied in the loss).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from twice_envs.agents.sequence import pack_episode
+from twice_envs.agents.types import EpisodeRecord
+
+
+@dataclass
+class LossConfig:
+    """PPO-clip + KL settings (published defaults)."""
+
+    clip_eps: float = 0.2
+    """PPO clipping range epsilon."""
+    kl_coef: float = 0.001
+    """Weight of the KL penalty to the frozen reference policy."""
+    temperature: float = 1.0
+    """Sampling temperature the log-probs are taken at."""
+
+
+@dataclass
+class PackedBatch:
+    """Episodes packed into padded tensors (right padding).
+
+    Attributes:
+        input_ids: ``(B, L)`` token ids.
+        attention_mask: ``(B, L)`` 1 on real tokens.
+        loss_mask: ``(B, L)`` 1 on generated tokens (targets), aligned with ``input_ids``.
+        advantages: ``(B, L)`` the advantage of each generated token's turn (0 elsewhere).
+        old_logprobs: ``(B, L)`` log-probs recorded at sampling time (0 elsewhere).
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    old_logprobs: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def select(self, rows: Sequence[int]) -> "PackedBatch":
+        idx = torch.as_tensor(list(rows), dtype=torch.long)
+        return PackedBatch(*(getattr(self, f)[idx] for f in ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs")))
+
+
+def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pad_id: int = 0) -> PackedBatch:
+    """Pack factual episodes and their per-turn advantages for the loss."""
+    rows = []
+    for ep, adv in zip(episodes, advantages):
+        ids, mask, old, turn_of = pack_episode(ep)
+        if len(adv) != len(ep.turns):
+            raise ValueError(f"{len(adv)} advantages for an episode with {len(ep.turns)} turns")
+        a = [float(adv[t - (ep.twin_of[1] if ep.twin_of else 0)]) if t >= 0 else 0.0 for t in turn_of]
+        rows.append((ids, mask, old, a))
+    width = max(len(r[0]) for r in rows)
+    B = len(rows)
+    out = PackedBatch(
+        torch.full((B, width), pad_id, dtype=torch.long),
+        torch.zeros((B, width), dtype=torch.long),
+        torch.zeros((B, width), dtype=torch.float32),
+        torch.zeros((B, width), dtype=torch.float32),
+        torch.zeros((B, width), dtype=torch.float32),
+    )
+    for b, (ids, mask, old, a) in enumerate(rows):
+        n = len(ids)
+        out.input_ids[b, :n] = torch.tensor(ids)
+        out.attention_mask[b, :n] = 1
+        out.loss_mask[b, :n] = torch.tensor(mask, dtype=torch.float32)
+        out.advantages[b, :n] = torch.tensor(a, dtype=torch.float32)
+        out.old_logprobs[b, :n] = torch.tensor(old, dtype=torch.float32)
+    return out
+
+
+def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+    """``(B, L)`` log-prob of each token given the tokens before it (0 at position 0)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    logp = torch.log_softmax(logits / temperature, dim=-1)
+    lp = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+
+
+def ppo_loss(
+    new_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: LossConfig,
+    num_tokens: int | None = None,
+) -> tuple[torch.Tensor, dict]:
+    """The loss summed over masked tokens divided by ``num_tokens`` (default: the mask's count).
+
+    Passing the whole batch's token count lets minibatches accumulate gradients to the
+    batch mean. Returns ``(loss, stats)``.
+    """
+    mask = loss_mask.float()
+    n = float(num_tokens if num_tokens is not None else max(mask.sum().item(), 1.0))
+    log_ratio = (new_logprobs - old_logprobs) * mask
+    ratio = torch.exp(log_ratio)
+    pg1 = ratio * advantages
+    pg2 = torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * advantages
+    pg = -torch.minimum(pg1, pg2)
+    d = (ref_logprobs - new_logprobs) * mask
+    kl = torch.exp(d) - d - 1
+    loss = ((pg + config.kl_coef * kl) * mask).sum() / n
+    with torch.no_grad():
+        stats = {
+            "pg_loss": float((pg * mask).sum() / n),
+            "kl": float((kl * mask).sum() / n),
+            "clip_frac": float((((ratio - 1).abs() > config.clip_eps).float() * mask).sum() / n),
+        }
+    return loss, stats
