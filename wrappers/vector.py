@@ -18,7 +18,9 @@
 ``s`` means ``[s, s+1, ..., s+n-1]``) or from ``vec.reset(seed=...)``, which restarts
 the streams. So ``seeds=range(n)`` walks through seeds ``0, 1, 2, ...`` once each,
 and ``seeds=[7] * n`` (a GRPO group of task 7) keeps the ``n`` worlds on the same
-task in every later episode too. Without any seed the envs draw fresh seeds, which
+task in every later episode too; add ``distinct_noise=True`` so that the members of
+such a group also read different sampling noise (otherwise sub-envs with one seed
+report identical noise keys). Without any seed the envs draw fresh seeds, which
 each trajectory records. ``options`` (one dict, or one per sub-env) is used by every
 reset that passes none, autoresets included.
 
@@ -61,6 +63,7 @@ from gymnasium.vector.async_vector_env import AsyncState
 
 from twice_envs.core import Protocol, TextEnv
 from twice_envs.errors import TwiceError
+from twice_envs.keys import derive_episode_seed
 from twice_envs.trajectory import Trajectory
 from twice_envs.wrappers.base import ForkableWrapper
 
@@ -112,16 +115,26 @@ class SeededSubEnv(ForkableWrapper, gymnasium.utils.RecordConstructorArgs):
         next_seed: the seed of the next reset that passes none (``None``: draw one).
         stride: added to the last seed to get the next one (the number of sub-envs).
         default_options: options of every reset that passes none.
+        noise_salt: when not 0, each reset adds ``options["noise_seed"] =
+            derive_episode_seed(seed, noise_salt)`` (unless the options name one).
     """
 
-    def __init__(self, env: Any, next_seed: Optional[int], stride: int, default_options: Optional[dict]) -> None:
+    def __init__(
+        self,
+        env: Any,
+        next_seed: Optional[int],
+        stride: int,
+        default_options: Optional[dict],
+        noise_salt: int = 0,
+    ) -> None:
         gymnasium.utils.RecordConstructorArgs.__init__(
-            self, next_seed=next_seed, stride=stride, default_options=default_options
+            self, next_seed=next_seed, stride=stride, default_options=default_options, noise_salt=noise_salt
         )
         ForkableWrapper.__init__(self, env)
         self.next_seed = next_seed
         self.stride = stride
         self.default_options = dict(default_options) if default_options else None
+        self.noise_salt = noise_salt
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[str, dict]:
         streamed = seed is not None or self.next_seed is not None
@@ -129,6 +142,10 @@ class SeededSubEnv(ForkableWrapper, gymnasium.utils.RecordConstructorArgs):
             seed = self.next_seed
         if options is None:
             options = self.default_options
+        if self.noise_salt and "noise_seed" not in (options or {}):
+            if seed is None:
+                seed = int(np.random.SeedSequence().entropy % (1 << 63))
+            options = {**(options or {}), "noise_seed": derive_episode_seed(seed, self.noise_salt)}
         obs, info = self.env.reset(seed=seed, options=options)
         self.next_seed = self.env.trajectory.seed + self.stride if streamed else None
         return obs, info
@@ -182,9 +199,12 @@ _REraisable = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": I
 class _SubEnvFactory:
     """Picklable ``() -> SeededSubEnv`` that also registers the id inside a worker process."""
 
-    def __init__(self, env_id: str, entry_point: Any, spec_kwargs: dict, kwargs: dict, seed, stride, options) -> None:
+    def __init__(
+        self, env_id: str, entry_point: Any, spec_kwargs: dict, kwargs: dict, seed, stride, options, noise_salt
+    ) -> None:
         self.env_id, self.entry_point, self.spec_kwargs = env_id, entry_point, spec_kwargs
         self.kwargs, self.seed, self.stride, self.options = kwargs, seed, stride, options
+        self.noise_salt = noise_salt
 
     def __call__(self) -> SeededSubEnv:
         import twice_envs
@@ -192,7 +212,8 @@ class _SubEnvFactory:
         if self.env_id not in twice_envs.registry:
             # A spawned worker has only the built-in ids; re-register this one.
             twice_envs.register(self.env_id, self.entry_point, kwargs=self.spec_kwargs, override=True)
-        return SeededSubEnv(twice_envs.make(self.env_id, **self.kwargs), self.seed, self.stride, self.options)
+        env = twice_envs.make(self.env_id, **self.kwargs)
+        return SeededSubEnv(env, self.seed, self.stride, self.options, self.noise_salt)
 
 
 class _TextVectorMixin:
@@ -384,6 +405,7 @@ def make_vec(
     seeds: Any = None,
     options: Optional[dict | Sequence[dict]] = None,
     autoreset_mode: str | AutoresetMode = "next_step",
+    distinct_noise: bool = False,
     context: Optional[str] = None,
     close_timeout: float = 10.0,
     **kwargs: Any,
@@ -398,6 +420,9 @@ def make_vec(
             first reset without a seed uses them, later episodes continue each stream.
         options: reset options of every reset that passes none: one dict, or one per sub-env.
         autoreset_mode: ``"next_step"`` (default), ``"same_step"`` or ``"disabled"``.
+        distinct_noise: give sub-env ``i >= 1`` the noise seed ``derive_episode_seed(seed, i)``
+            in every episode (unless the options name one), so sub-envs that share a seed
+            (a GRPO group) still sample different turns; sub-env 0 keeps the plain episode.
         context: multiprocessing start method of the workers (``"fork"``, ``"spawn"``,
             ``"forkserver"``; default: the platform's).
         close_timeout: seconds ``close`` waits for workers before terminating them.
@@ -427,7 +452,10 @@ def make_vec(
     env_id = spec.id
     assert env_id in registry
     fns = [
-        _SubEnvFactory(env_id, spec.entry_point, dict(spec.kwargs), dict(kwargs), seed_list[i], num_envs, option_list[i])
+        _SubEnvFactory(
+            env_id, spec.entry_point, dict(spec.kwargs), dict(kwargs), seed_list[i], num_envs, option_list[i],
+            i if distinct_noise else 0,
+        )
         for i in range(num_envs)
     ]
     if vectorization_mode == "sync":

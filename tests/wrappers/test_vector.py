@@ -352,3 +352,26 @@ def test_vec_bench_runs(capsys):
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("Echo"))
     assert row.split()[1] == "20" and row.split()[4].endswith("x")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_distinct_noise_for_a_group_of_one_task(mode):
+    vec = twice_envs.make_vec("CoinChain-v0", 3, mode, seeds=[7, 7, 7], distinct_noise=True)
+    try:
+        obs, infos = vec.reset()
+        keys = list(infos["noise_key"])
+        assert len(set(obs)) == 1 and len({k.episode_seed for k in keys}) == 3
+        plain = twice_envs.make("CoinChain-v0")
+        plain.reset(seed=7)
+        assert vec.trajectory(0).digests == plain.trajectory.digests  # sub-env 0 is the plain episode
+        assert vec.trajectory(1).options["noise_seed"] == twice_envs.derive_episode_seed(7, 1)
+        vec.reset()  # the next episode (seed 10) gets fresh noise seeds too
+        assert vec.trajectory(2).options["noise_seed"] == twice_envs.derive_episode_seed(10, 2)
+    finally:
+        vec.close()
+    same = twice_envs.make_vec("CoinChain-v0", 2, mode, seeds=[7, 7])
+    try:
+        _, infos = same.reset()
+        assert infos["noise_key"][0] == infos["noise_key"][1]
+    finally:
+        same.close()
