@@ -52,9 +52,8 @@ _LOCK = threading.Lock()
 
 
 def _cache_root() -> str:
-    from twice_envs._cache import cache_dir
-
-    return str(cache_dir())
+    # The same root cache_dir() uses, without touching the disk (this runs on every fork).
+    return os.environ.get("TWICE_CACHE") or str(Path.home() / ".cache" / "twice_envs")
 
 
 def _make_retriever(kind: str, options: dict, corpus: CorpusStore) -> Retriever:
