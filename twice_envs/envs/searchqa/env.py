@@ -61,6 +61,9 @@ class SearchQAEnv(TextEnv):
             ``None`` keeps them in this process's memory.
         max_query_chars: queries are cut to this many characters.
         max_turns: turn limit (default ``2 * max_searches + 2``).
+        search_tool: name of a tool registered with
+            :func:`~twice_envs.envs.searchqa.register_search_tool` to search with instead
+            of the retriever (e.g. a journaled web-search API).
     """
 
     version = "1"
@@ -84,6 +87,7 @@ class SearchQAEnv(TextEnv):
         journal: Optional[str] = None,
         max_query_chars: int = P.MAX_QUERY_CHARS,
         max_turns: Optional[int] = None,
+        search_tool: Optional[str] = None,
         render_mode: Optional[str] = None,
     ) -> None:
         if reward not in REWARDS:
@@ -99,8 +103,9 @@ class SearchQAEnv(TextEnv):
             questions = {split: questions}
         self.resources: Resources = get_resources(
             corpus=corpus, questions=questions, generator=generator, retriever=retriever,
-            retriever_options=retriever_options, journal=journal,
+            retriever_options=retriever_options, journal=journal, search_tool=search_tool,
         )
+        self._custom_tool = search_tool is not None
         if split not in self.resources.questions:
             raise ValueError(f"split {split!r} not found; available: {sorted(self.resources.questions)}")
         self.topk, self.max_searches = int(topk), int(max_searches)
@@ -188,16 +193,27 @@ class SearchQAEnv(TextEnv):
         cost = -self.search_cost if self.reward_mode == "cost_f1" else 0.0
         if not query:
             return P.information_block("No results: the query is empty."), cost, False, self._info(query="", retrieved=[])
-        positions = self._retrieve(query, action)
+        try:
+            items = self._retrieve(query, action)
+        except Exception as exc:  # noqa: BLE001 -- a user tool (e.g. a web API) may fail; the episode goes on
+            if not self._custom_tool:
+                raise
+            body = f"Search failed: {type(exc).__name__}: {str(exc)[:200]}"
+            return P.information_block(body), cost, False, self._info(query=query, retrieved=[], tool_error=True)
         corpus = self.resources.corpus
-        body = P.format_passages(corpus.contents(i) for i in positions) if positions else "No passage matches the query."
-        info = self._info(query=query, retrieved=[corpus.passage_id(i) for i in positions])
-        return P.information_block(body), cost, False, info
+        if items and isinstance(items[0], str):  # a tool that returns passages itself
+            contents, retrieved = items, []
+        else:
+            contents, retrieved = [corpus.contents(i) for i in items], [corpus.passage_id(i) for i in items]
+        body = P.format_passages(contents) if contents else "No passage matches the query."
+        return P.information_block(body), cost, False, self._info(query=query, retrieved=retrieved)
 
-    def _retrieve(self, query: str, action: str) -> list[int]:
+    def _retrieve(self, query: str, action: str) -> list:
+        """Passage positions (or passage texts, from a tool that returns them) to show."""
         noisy = self.noise_epsilon > 0
         k = max(self.topk, self.noise_pool) if noisy else self.topk
-        ids = self.resources.journal.call(self.resources.tool, {"query": query, "k": k})["ids"]
+        result = self.resources.journal.call(self.resources.tool, {"query": query, "k": k})
+        ids = list(result["passages"] if "passages" in result else result["ids"])
         shown = ids[: self.topk]
         if not noisy:
             return shown

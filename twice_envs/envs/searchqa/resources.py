@@ -13,13 +13,13 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from twice_envs.envs.searchqa.corpus import CorpusStore, open_corpus
 from twice_envs.envs.searchqa.corpus_gen import GENERATOR_VERSION, GeneratorConfig, write_generated
 from twice_envs.envs.searchqa.loaders import Question, load_questions
 from twice_envs.envs.searchqa.retrievers import Retriever, SearchTool
-from twice_envs.tools import Journal, shared_journal
+from twice_envs.tools import Journal, Tool, shared_journal
 from twice_envs.trajectory import canonical_json
 
 
@@ -41,7 +41,7 @@ class Resources:
     questions: dict[str, list[Question]]
     task_index: dict[str, tuple[str, int]]
     retriever: Retriever
-    tool: SearchTool
+    tool: Tool
     journal: Journal
     generated: bool = False
     title_cache: dict = field(default_factory=dict)
@@ -49,6 +49,22 @@ class Resources:
 
 _CACHE: dict[str, Resources] = {}
 _LOCK = threading.Lock()
+
+#: name -> factory(resources) -> Tool, for ``make("SearchQA-v0", search_tool=name)``.
+SEARCH_TOOLS: dict[str, Callable[[Resources], Tool]] = {}
+
+
+def register_search_tool(name: str, factory: Callable[[Resources], Tool]) -> None:
+    """Make ``search_tool=name`` use ``factory(resources)`` as the env's search.
+
+    The tool is called as ``tool(query=..., k=...)`` through the env's journal and
+    returns ``{"ids": [corpus positions]}`` or ``{"passages": ['"Title"\\ntext', ...]}``.
+    Register it in every process that makes or replays such envs.
+    """
+    SEARCH_TOOLS[name] = factory
+    with _LOCK:  # envs made before now keep their tool; new ones see this factory
+        for key in [k for k in _CACHE if k.endswith(canonical_json(name) + "]")]:
+            del _CACHE[key]
 
 
 def _cache_root() -> str:
@@ -77,16 +93,22 @@ def get_resources(
     retriever: str,
     retriever_options: Optional[dict],
     journal: Optional[str],
+    search_tool: Optional[str] = None,
 ) -> Resources:
     """The shared resources for these settings (built on first use in this process)."""
-    key = canonical_json([_cache_root(), corpus, questions, generator, retriever, retriever_options or {}, journal])
+    if search_tool is not None and search_tool not in SEARCH_TOOLS:
+        raise ValueError(f"no search tool named {search_tool!r} is registered (register_search_tool); known: {sorted(SEARCH_TOOLS)}")
+    key = canonical_json([_cache_root(), corpus, questions, generator, retriever, retriever_options or {}, journal, search_tool])
     res = _CACHE.get(key)
     if res is not None:
         return res
     with _LOCK:
         res = _CACHE.get(key)
         if res is None:
-            res = _CACHE[key] = _build(corpus, questions, generator, retriever, retriever_options or {}, journal)
+            res = _build(corpus, questions, generator, retriever, retriever_options or {}, journal)
+            if search_tool is not None:
+                res.tool = SEARCH_TOOLS[search_tool](res)
+            _CACHE[key] = res
     return res
 
 
