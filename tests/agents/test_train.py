@@ -13,15 +13,7 @@ from .train_helpers import small_policy, toy_config
 
 @pytest.fixture(scope="module")
 def policy_factory():
-    base = small_policy(0)
-    state = {k: v.clone() for k, v in base.model.state_dict().items()}
-
-    def make():
-        base.model.load_state_dict(state)
-        base.prefix_cache.clear()
-        return base
-
-    return make
+    return lambda: small_policy(0)
 
 
 def test_resume_continues_exactly(tmp_path, policy_factory):

@@ -15,11 +15,20 @@ def _tokenizer():
 
 
 def small_policy(seed: int = 0):
-    """A 2-layer random Llama with a BPE tokenizer trained on the toy's strings."""
-    import torch
-    import transformers
+    """A 2-layer Llama with a BPE tokenizer trained on the toy's strings, briefly warm-started
+    (built once per process and seed; every call returns a fresh copy)."""
+    import copy
 
     from twice_envs.agents.policy import HFPolicy
+
+    model, tok = _built(seed)
+    return HFPolicy(copy.deepcopy(model), tok)
+
+
+@functools.lru_cache(maxsize=2)
+def _built(seed: int):
+    import torch
+    import transformers
 
     tok = _tokenizer()
     torch.manual_seed(seed)
@@ -29,7 +38,7 @@ def small_policy(seed: int = 0):
     model = transformers.LlamaForCausalLM(cfg)
     _warm_start(model, tok, seed)
     model.eval()
-    return HFPolicy(model, tok)
+    return model, tok
 
 
 def _warm_start(model, tok, seed):

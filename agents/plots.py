@@ -1,0 +1,82 @@
+"""Learning curves of several runs side by side (PNG, matplotlib's Agg backend).
+
+``twice plot runs/grpo runs/twice --out curves.png`` reads each run's
+``metrics.jsonl`` and draws reward, dev EM (where evaluated), auxiliary tokens per
+policy token and seconds per update against the update number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    from twice_envs._deps import require
+
+    mpl = require("matplotlib", "plot", "plots")
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def read_metrics(run: Path) -> list[dict]:
+    path = Path(run) / "metrics.jsonl" if Path(run).is_dir() else Path(run)
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def _smooth(y: np.ndarray, k: int) -> np.ndarray:
+    if k <= 1 or len(y) < k:
+        return y
+    return np.convolve(y, np.ones(k) / k, mode="valid")
+
+
+PANELS = (("reward", "training reward"), ("eval_em", "dev EM (greedy)"), ("realised_beta", "aux / policy tokens"),
+          ("time", "seconds per update"))
+
+
+def plot_runs(runs: Sequence[Path], out: Path, *, labels: Sequence[str] | None = None, smooth: int = 5) -> Path:
+    """One PNG with a panel per metric and a line per run."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
+    for r, run in enumerate(runs):
+        rows = read_metrics(run)
+        label = labels[r] if labels else Path(run).name
+        for ax, (key, title) in zip(axes, PANELS):
+            if key == "eval_em":
+                pts = [(m["update"], m["eval"]["em"]) for m in rows if isinstance(m.get("eval"), dict)]
+                if pts:
+                    x, y = zip(*pts)
+                    ax.plot(x, y, marker="o", label=label)
+            else:
+                pts = [(m["update"], m[key]) for m in rows if m.get(key) is not None]
+                if pts:
+                    x, y = np.array(pts, dtype=float).T
+                    ys = _smooth(y, smooth)
+                    ax.plot(x[len(x) - len(ys):], ys, label=label)
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("update")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_main(argv: Sequence[str]) -> int:
+    """``twice plot RUN [RUN ...] [--out FILE]``."""
+    p = argparse.ArgumentParser(prog="twice plot", description="Learning curves of several runs side by side.")
+    p.add_argument("runs", nargs="+", help="run directories (with metrics.jsonl)")
+    p.add_argument("--out", default="curves.png")
+    p.add_argument("--smooth", type=int, default=5, help="moving-average window")
+    a = p.parse_args(argv)
+    path = plot_runs([Path(r) for r in a.runs], Path(a.out), smooth=a.smooth)
+    print(f"wrote {path}")
+    return 0
