@@ -1,0 +1,126 @@
+"""``twice bench credit``: credit quality and training efficiency of Twice against baselines.
+
+On generated SearchQA with the tiny model and fixed seeds, in one run:
+
+1. **Credit audit** (equal auxiliary budget: one twin or counterfactual per decision
+   for Twice and CRR): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
+   Pearson correlation of Twice's credit with the oracle (target >= 0.7), Twice's MSE
+   relative to GRPO's (target <= 0.3).
+2. **Training**: GRPO and Twice for the same updates on the same questions; the
+   updates Twice needs to reach GRPO's final dev EM, as a share of GRPO's (target
+   <= 60%); Twice's realised auxiliary tokens vs ``beta`` x policy tokens after the
+   predictor warm-up (target within 5%); wall time per update, Twice / GRPO
+   (target <= 1 + beta + 0.1).
+
+Figures print as a table with the targets; ``--json FILE`` also writes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+
+def _updates_to_reach(evals: list[tuple[int, float]], target: float) -> int | None:
+    for u, em in evals:
+        if em >= target - 1e-12:
+            return u
+    return None
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="twice bench credit", description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke run, not the reported figures)")
+    p.add_argument("--out", default="runs/bench_credit")
+    p.add_argument("--updates", type=int, default=None)
+    p.add_argument("--audit-questions", type=int, default=None)
+    p.add_argument("--oracle-rollouts", type=int, default=None)
+    p.add_argument("--json", default=None, help="also write the figures to this file")
+    p.add_argument("--skip-training", action="store_true")
+    a = p.parse_args(argv)
+
+    from twice_envs.agents.audit import AuditConfig, format_table, run_audit, write_outputs
+    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.train import cpu_config, train
+
+    q = a.quick
+    updates = a.updates or (3 if q else 30)
+    eval_every = 1 if q else 5
+    audit_q = a.audit_questions or (3 if q else 24)
+    oracle = a.oracle_rollouts or (2 if q else 12)
+    out = Path(a.out)
+    t0 = time.time()
+    log = lambda m: print(f"[bench credit {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    fig: dict = {}
+
+    policy = load_policy("tiny")
+    log(f"audit: {audit_q} dev questions, {oracle} oracle rollouts per state")
+    res = run_audit(policy, AuditConfig(questions=audit_q, oracle_rollouts=oracle, seed=7))
+    print(format_table(res), end="")
+    write_outputs(res, out / "audit")
+    rows = {r["method"]: r for r in res.table}
+    fig["wrong_sign_twice"] = rows["twice"]["wrong_sign"]
+    fig["wrong_sign_crr"] = rows["crr"]["wrong_sign"]
+    fig["pearson_twice"] = rows["twice"]["pearson"]
+    fig["mse_twice_vs_grpo"] = rows["twice"]["mse_vs_grpo"]
+    fig["audit_decisions"] = rows["twice"]["decisions"]
+    fig["audit_scored"] = rows["twice"]["scored"]
+
+    if not a.skip_training:
+        base = cpu_config(updates=updates, eval_every=eval_every, eval_questions=20 if q else 60, seed=3,
+                          checkpoint_every=updates, questions_per_update=2 if q else 6)
+        if q:
+            base = replace(base, twice=replace(base.twice, warmup_updates=1))
+        runs = {}
+        for method in ("grpo", "twice"):
+            log(f"training {method}: {updates} updates")
+            runs[method] = train(replace(base, method=method, out_dir=str(out / method)), progress=False,
+                                 policy=load_policy("tiny"), eval_before=True)
+        evals = {m: [(r["update"], r["eval"]["em"]) for r in rs if "eval" in r] for m, rs in runs.items()}
+        target = evals["grpo"][-1][1]
+        reach = _updates_to_reach(evals["twice"], target)
+        fig["grpo_final_dev_em"] = target
+        fig["twice_final_dev_em"] = evals["twice"][-1][1]
+        fig["twice_updates_to_grpo_final"] = reach
+        fig["twice_updates_share"] = reach / updates if reach is not None else None
+        warm = base.twice.warmup_updates
+        post = [r for r in runs["twice"] if r["update"] > warm]
+        fig["realised_aux_over_budget"] = (sum(r["aux_tokens"] for r in post) /
+                                           (base.twice.beta * sum(r["generated_tokens"] for r in post))) if post else None
+        # time per update, excluding the evaluation (measured separately from the update itself)
+        t_g = float(np.mean([r["time"] for r in runs["grpo"]]))
+        t_t = float(np.mean([r["time"] for r in runs["twice"]]))
+        fig["seconds_per_update_grpo"] = t_g
+        fig["seconds_per_update_twice"] = t_t
+        fig["time_ratio_twice_over_grpo"] = t_t / t_g
+        fig["time_ratio_target"] = 1 + base.twice.beta + 0.1
+        fig["dev_em_curves"] = evals
+
+    print()
+    print(f"{'figure':<44}{'measured':>10}  target (published)")
+    def row(name, value, target):
+        v = "n/a" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
+        print(f"{name:<44}{v:>10}  {target}")
+    ws_t, ws_c = fig["wrong_sign_twice"], fig["wrong_sign_crr"]
+    row("wrong-sign rate, Twice", ws_t, "<= 1/3 of CRR (6.9%)")
+    row("wrong-sign rate, CRR", ws_c, "(21.7%)")
+    row("  Twice / CRR", ws_t / ws_c if ws_c else None, "<= 0.333")
+    row("Pearson(Twice credit, oracle)", fig["pearson_twice"], ">= 0.7 (0.72)")
+    row("MSE Twice / MSE GRPO", fig["mse_twice_vs_grpo"], "<= 0.3 (0.23)")
+    if not a.skip_training:
+        row("GRPO final dev EM", fig["grpo_final_dev_em"], "")
+        row("Twice final dev EM", fig["twice_final_dev_em"], "")
+        row("Twice updates to GRPO's final EM / GRPO's", fig["twice_updates_share"], "<= 0.6")
+        row("realised aux tokens / (beta x policy tokens)", fig["realised_aux_over_budget"], "within 0.95-1.05")
+        row("time per update Twice / GRPO", fig["time_ratio_twice_over_grpo"], f"<= {fig['time_ratio_target']:.2f}")
+    print(f"(wall time {time.time() - t0:.0f}s; audit files in {out / 'audit'})")
+    if a.json:
+        Path(a.json).write_text(json.dumps(fig, indent=1))
+    return 0
