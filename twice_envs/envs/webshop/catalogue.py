@@ -118,17 +118,25 @@ def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 22) -> Iter
         buf = fh.read(chunk_chars)
         eof = len(buf) < chunk_chars
         pos = 0
-        line_base = 1  # line number of buf[0]
+        # line counting is incremental (positions only move forward): line_no is the line of buf[line_pos]
+        line_no, line_pos = 1, 0
+
+        def line_at(p: int) -> int:
+            nonlocal line_no, line_pos
+            if p > line_pos:
+                line_no += buf.count("\n", line_pos, p)
+                line_pos = p
+            return line_no
 
         def more() -> bool:
-            nonlocal buf, pos, eof, line_base
+            nonlocal buf, pos, eof, line_pos
             if eof:
                 return False
-            line_base += buf.count("\n", 0, pos)
+            line_at(pos)
             chunk = fh.read(chunk_chars)
             eof = len(chunk) < chunk_chars
             buf = buf[pos:] + chunk
-            pos = 0
+            pos, line_pos = 0, 0
             return bool(chunk)
 
         def skip_ws() -> str:
@@ -140,9 +148,6 @@ def iter_json_array(path: str | os.PathLike, chunk_chars: int = 1 << 22) -> Iter
                     return buf[pos]
                 if not more():
                     return ""
-
-        def line_at(p: int) -> int:
-            return line_base + buf.count("\n", 0, p)
 
         c = skip_ws()
         if c != "[":
