@@ -96,8 +96,9 @@ def test_invalid_actions_budget_and_truncation():
     obs, r, term, trunc, info = env.step("I think the answer is Paris")
     assert obs == P.INVALID_ACTION and info["invalid"] and not term and r == 0.0
     for i in range(4):
-        _, _, _, _, info = env.step(f"<search> query {i} </search>")
+        obs, _, _, _, info = env.step(f"<search> query {i} </search>")
         assert not info.get("search_refused")
+        assert obs.endswith(P.budget_note(4)) == (i == 3)
     obs, _, _, trunc, info = env.step("<search> one more </search>")
     assert info["search_refused"] and info["num_searches"] == 4 and "limit of 4 searches" in obs
     assert env.max_turns == 10
@@ -248,3 +249,28 @@ def test_make_again_is_cheap_because_resources_are_shared():
     assert a.resources is b.resources
     c = small(topk=5)
     assert c.resources is a.resources  # only data settings key the resources
+
+
+def test_registered_search_tool_replaces_the_retriever():
+    from twice_envs.envs.searchqa import register_search_tool
+    from twice_envs.tools import FunctionTool
+
+    calls = []
+
+    def factory(res):
+        def search(query, k):
+            calls.append(query)
+            return {"ids": list(range(len(res.corpus)))[-k:][::-1]}
+
+        return FunctionTool("last_passages", "1", search)
+
+    register_search_tool("last", factory)
+    env = small(search_tool="last")
+    env.reset(seed=0)
+    obs, *_, info = env.step("<search> anything at all </search>")
+    n = len(env.resources.corpus)
+    assert info["retrieved"] == [env.resources.corpus.passage_id(i) for i in (n - 1, n - 2, n - 3)]
+    env.fork(1).step("<search> anything at all </search>")
+    assert calls == ["anything at all"]  # the fork read the journal
+    with pytest.raises(ValueError):
+        small(search_tool="never-registered")

@@ -3,8 +3,9 @@
 One episode is one question. The agent's turns are raw model text; a turn ends at
 ``</search>`` or ``</answer>``. A search returns the top-k passages inside
 ``<information>``; an answer ends the episode and is scored; anything else returns
-the invalid-action message. At most ``max_searches`` searches are run; the turn
-limit truncates.
+the invalid-action message. At most ``max_searches`` searches are run: the result of
+the last one ends with a request for the answer, later searches are refused with
+the same request; the turn limit truncates.
 
 Every search goes through the tool journal, so forks, twins and replays read back
 stored results instead of searching again. The env's own state is a handful of
@@ -192,21 +193,25 @@ class SearchQAEnv(TextEnv):
         self._searches += 1
         cost = -self.search_cost if self.reward_mode == "cost_f1" else 0.0
         if not query:
-            return P.information_block("No results: the query is empty."), cost, False, self._info(query="", retrieved=[])
+            return self._results("No results: the query is empty."), cost, False, self._info(query="", retrieved=[])
         try:
             items = self._retrieve(query, action)
         except Exception as exc:  # noqa: BLE001 -- a user tool (e.g. a web API) may fail; the episode goes on
             if not self._custom_tool:
                 raise
             body = f"Search failed: {type(exc).__name__}: {str(exc)[:200]}"
-            return P.information_block(body), cost, False, self._info(query=query, retrieved=[], tool_error=True)
+            return self._results(body), cost, False, self._info(query=query, retrieved=[], tool_error=True)
         corpus = self.resources.corpus
         if items and isinstance(items[0], str):  # a tool that returns passages itself
             contents, retrieved = items, []
         else:
             contents, retrieved = [corpus.contents(i) for i in items], [corpus.passage_id(i) for i in items]
         body = P.format_passages(contents) if contents else "No passage matches the query."
-        return P.information_block(body), cost, False, self._info(query=query, retrieved=retrieved)
+        return self._results(body), cost, False, self._info(query=query, retrieved=retrieved)
+
+    def _results(self, body: str) -> str:
+        obs = P.information_block(body)
+        return obs + P.budget_note(self.max_searches) if self._searches == self.max_searches else obs
 
     def _retrieve(self, query: str, action: str) -> list:
         """Passage positions (or passage texts, from a tool that returns them) to show."""

@@ -37,6 +37,12 @@ INVALID_ACTION = (
     "Let me try again.\n"
 )
 
+
+def budget_note(max_searches: int) -> str:
+    """Said after the search that uses up the budget."""
+    return f"All {max_searches} searches are used; give the final answer between <answer> and </answer>.\n"
+
+
 _ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
