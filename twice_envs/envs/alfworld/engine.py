@@ -28,7 +28,7 @@ from typing import Any, Callable, Optional
 from twice_envs._deps import require
 from twice_envs.errors import TwiceError
 
-#: Entries kept in each per-process cache (translations, parsed logic).
+#: Games whose translations and parsed logic each process keeps.
 CACHE_SIZE = 64
 #: Idle engines of other games a process keeps warm before it reloads one of them
 #: instead of copying the planner library again. Library copies are never unloaded
@@ -87,18 +87,22 @@ class GameData:
 
 
 class _LRU(OrderedDict):
+    def __init__(self, size: int = CACHE_SIZE) -> None:
+        super().__init__()
+        self.size = size
+
     def get_or(self, key: Any, build: Callable[[], Any]) -> Any:
         if key in self:
             self.move_to_end(key)
             return self[key]
         value = build()
         self[key] = value
-        while len(self) > CACHE_SIZE:
+        while len(self) > self.size:
             self.popitem(last=False)
         return value
 
 
-_translations: _LRU = _LRU()
+_translations: _LRU = _LRU(2 * CACHE_SIZE)  # two translations per game
 _logics: _LRU = _LRU()
 _names: _LRU = _LRU()
 _lock = threading.RLock()

@@ -1,0 +1,198 @@
+"""``twice bench alfworld``: step overhead against the raw engine, fork cost against loading, throughput.
+
+All figures come from one run on one bundled game, with baselines measured in the
+same run:
+
+* **raw engine**: ALFWorld's text env as its own trainers build it
+  (``textworld.start(game.tw-pddl, wrappers=[AlfredDemangler, AlfredInfos])``),
+  measured twice: *plain* in a child process where nothing is cached (what ALFWorld
+  costs out of the box), and *same-engine* in this process, where the engine shares
+  our parse and translation caches, so the difference to ``ALFWorld-v0`` is the
+  wrapper alone (action parsing, records, digests).
+* **fork(t)** of an episode at turn t (reset a pooled engine, replay t actions,
+  verify digests) against loading the game fresh in the plain engine.
+* **steps/s** of random admissible episodes in 1 and 2 worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Optional, Sequence
+
+GAME = "pick_two_obj_and_place-kitchen_a-train-0"
+
+_RAW_SCRIPT = r"""
+import json, sys, time
+args = json.loads(sys.stdin.read())
+from twice_envs.envs.alfworld import engine
+if args["plain"]:
+    engine.plain_engine()
+engine._modules()
+import textworld
+from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
+loads = []
+for _ in range(args["loads"]):
+    t = time.perf_counter()
+    env = textworld.start(args["path"], infos, wrappers=[AlfredDemangler, AlfredInfos])
+    env.reset()
+    loads.append(time.perf_counter() - t)
+steps = []
+for _ in range(args["reps"]):
+    env.reset()
+    t = time.perf_counter()
+    for a in args["actions"]:
+        env.step(a)
+    steps.append((time.perf_counter() - t) / len(args["actions"]))
+print(json.dumps({"load_s": loads, "step_s": steps}))
+"""
+
+
+def _raw_in_child(path: str, actions: list[str], plain: bool, reps: int, loads: int) -> dict:
+    payload = json.dumps({"path": path, "actions": actions, "plain": plain, "reps": reps, "loads": loads})
+    proc = subprocess.run([sys.executable, "-c", _RAW_SCRIPT], input=payload, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"raw engine child failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _episode_actions(env, length: int, seed: int) -> list[str]:
+    """``length`` admissible commands that cannot win (a deterministic random walk without "move")."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    _, info = env.reset(seed=0, options={"game": GAME})
+    actions = []
+    while len(actions) < length:
+        options = [a for a in info["admissible_actions"] if not a.startswith("move ")]
+        a = options[int(rng.integers(len(options)))]
+        _, _, terminated, _, info = env.step(a)
+        assert not terminated
+        actions.append(a)
+    return actions
+
+
+def _worker(args: tuple[int, float, "mp.synchronize.Barrier", "mp.Queue"]) -> None:
+    seed, seconds, barrier, queue = args
+    import numpy as np
+
+    import twice_envs
+
+    env = twice_envs.make("ALFWorld-v0", max_turns=10**6)
+    rng = np.random.default_rng(seed)
+    _, info = env.reset(seed=seed)
+    env.step("look")  # warm: engine loaded
+    barrier.wait()
+    steps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        adm = info["admissible_actions"]
+        _, _, term, trunc, info = env.step(adm[int(rng.integers(len(adm)))])
+        steps += 1
+        if term or trunc:
+            _, info = env.reset(seed=int(rng.integers(1 << 30)))
+    queue.put((steps, time.perf_counter() - t0))
+
+
+def _throughput(workers: int, seconds: float) -> float:
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(workers), ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=((i, seconds, barrier, queue),)) for i in range(workers)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(s / dt for s, dt in results)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="twice bench alfworld", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run (few repetitions)")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of each timing (default 7, quick 2)")
+    parser.add_argument("--seconds", type=float, default=None, help="duration of each throughput run (default 10, quick 2)")
+    parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
+    args = parser.parse_args(list(argv or []))
+    reps = args.reps or (2 if args.quick else 7)
+    seconds = args.seconds or (2.0 if args.quick else 10.0)
+
+    import twice_envs
+    from twice_envs.envs.alfworld.engine import POOL
+
+    fig: dict = {"game": GAME, "reps": reps}
+    env = twice_envs.make("ALFWorld-v0", max_turns=10**6)
+    length = 12 if args.quick else 30
+    actions = _episode_actions(env, length, seed=1)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "game.tw-pddl")
+        with open(path, "w") as fh:
+            json.dump(env.game.as_json(), fh)
+        plain = _raw_in_child(path, actions, plain=True, reps=max(1, reps // 2), loads=max(2, reps // 2))
+        same = _raw_in_child(path, actions, plain=False, reps=reps, loads=2)
+
+    # ours, same actions: time steps only (reset excluded, as for the raw engine)
+    ours = []
+    for _ in range(reps):
+        env.reset(seed=0, options={"game": GAME})
+        t = time.perf_counter()
+        for a in actions:
+            env.step(a)
+        ours.append((time.perf_counter() - t) / len(actions))
+    raw_plain, raw_same, ours_step = (statistics.median(x) for x in (plain["step_s"], same["step_s"], ours))
+    fig.update(
+        step_ms_raw_plain=raw_plain * 1e3,
+        step_ms_raw_same_engine=raw_same * 1e3,
+        step_ms_ours=ours_step * 1e3,
+        wrapper_overhead=ours_step / raw_same - 1,
+        speedup_vs_plain=raw_plain / ours_step,
+    )
+    print(f"game {GAME}, {len(actions)} admissible non-winning actions, median of {reps} runs")
+    print(f"step: raw ALFWorld (plain engine) {raw_plain * 1e3:7.2f} ms")
+    print(f"step: raw ALFWorld (same engine)  {raw_same * 1e3:7.2f} ms")
+    print(f"step: ALFWorld-v0                 {ours_step * 1e3:7.2f} ms   wrapper overhead {fig['wrapper_overhead']:+.1%}, "
+          f"{fig['speedup_vs_plain']:.2f}x faster than plain ALFWorld")
+
+    # fork(t) against loading the game fresh
+    load_plain = statistics.median(plain["load_s"])
+    fig["load_fresh_s_plain"] = load_plain
+    print(f"load game fresh (plain engine: new env, parse, translate, reset): {load_plain * 1e3:7.1f} ms")
+    for t in sorted({0, min(10, length), length}):
+        env.reset(seed=0, options={"game": GAME})
+        for a in actions[:t]:
+            env.step(a)
+        env.fork(t)  # warm the pool
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            child = env.fork(t)
+            times.append(time.perf_counter() - t0)
+            del child
+        med = statistics.median(times)
+        fig[f"fork_{t}_ms"] = med * 1e3
+        print(f"fork({t:2d}) by replay on a pooled engine:                     {med * 1e3:7.1f} ms   "
+              f"= {med / load_plain:.2f}x a fresh load")
+    fig["engines_created"], fig["engines_reused"] = POOL.created, POOL.reused
+    print(f"engine pool: {POOL.created} library copies created, {POOL.reused} reuses")
+
+    # throughput
+    for workers in (1, 2):
+        sps = _throughput(workers, seconds)
+        fig[f"steps_per_s_{workers}_workers"] = sps
+        print(f"throughput, {workers} worker process{'es' if workers > 1 else ''}: {sps:7.1f} steps/s")
+    print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
+    if args.json:
+        from twice_envs.trajectory import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(fig, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
