@@ -34,8 +34,8 @@ from twice_envs._deps import require
 #: each is ``f(env, rng, skill) -> str`` (the next turn's text).
 SCRIPTED_AGENTS: dict[str, str] = {
     "SearchQA-v0": "twice_envs.envs.searchqa.scripted:scripted_turns",
-    "WebShop-v0": "twice_envs.envs.webshop.scripted:scripted_turns",
-    "ALFWorld-v0": "twice_envs.envs.alfworld.scripted:scripted_turns",
+    "WebShop-v0": "twice_envs.agents.models:webshop_turns",
+    "ALFWorld-v0": "twice_envs.agents.models:alfworld_turns",
 }
 
 #: A ChatML-style template for the tiny model's tokenizer.
@@ -56,7 +56,9 @@ class TinyModelConfig:
     envs: tuple[str, ...] = ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0")
     """Envs whose scripted agents write the transcripts (unavailable ones are skipped; SearchQA first)."""
     episodes_per_env: int = 400
-    """Scripted episodes per env."""
+    """Scripted episodes per env (unless ``episodes_by_env`` names the env)."""
+    episodes_by_env: dict = field(default_factory=lambda: {"WebShop-v0": 120, "ALFWorld-v0": 40})
+    """Scripted episodes of particular envs (the ALFWorld planner is slow, WebShop pages are long)."""
     skill_range: tuple[float, float] = (0.2, 0.95)
     """Each episode's scripted-agent skill is drawn uniformly from this range (mixes good and bad turns)."""
     max_turns: int = 6
@@ -119,6 +121,39 @@ def _scripted_agent(env_id: str) -> Optional[Callable]:
         return getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError):
         return None
+
+
+def webshop_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
+    """WebShop: the scripted shopper's action with probability ``skill``, else a random click."""
+    from twice_envs.envs.webshop.scripted import RandomAgent, ScriptedAgent
+
+    obs, info = env.trajectory.observations[-1], env.last_info
+    if env.turn == 0:
+        _WEBSHOP_STATE[id(env)] = ScriptedAgent()
+    agent = _WEBSHOP_STATE.setdefault(id(env), ScriptedAgent())
+    if rng.random() < skill or info.get("page") == "search":
+        return agent.act(obs, info)
+    rand = RandomAgent(seed=int(rng.integers(1 << 31)))
+    return rand.act(obs, info)
+
+
+_WEBSHOP_STATE: dict[int, Any] = {}
+_ALFWORLD_EXPERT: list = []
+
+
+def alfworld_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
+    """ALFWorld: the planner expert's command with probability ``skill``, else a random admissible one."""
+    actions = list(env.last_info.get("admissible_actions") or [])
+    if actions and rng.random() >= skill:
+        return str(actions[int(rng.integers(len(actions)))])
+    from twice_envs.envs.alfworld.expert import ALFWorldExpert
+
+    if not _ALFWORLD_EXPERT:
+        _ALFWORLD_EXPERT.append(ALFWorldExpert(timeout_s=5.0))
+    try:
+        return _ALFWORLD_EXPERT[0].act(env)
+    except Exception:  # planner timeout or no plan: fall back to a random command
+        return str(actions[int(rng.integers(len(actions)))]) if actions else "look"
 
 
 def _admissible_agent(env, rng: np.random.Generator, skill: float) -> str:
@@ -225,8 +260,11 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         raise RuntimeError(f"none of the envs {cfg.envs} can be made here; the tiny model needs transcripts")
     episodes, per_env = [], {}
     for k, env_id in enumerate(envs):
-        eps = scripted_episodes(env_id, cfg.episodes_per_env, seed=cfg.seed + k, skill_range=cfg.skill_range,
+        n_eps = int(cfg.episodes_by_env.get(env_id, cfg.episodes_per_env))
+        t_env = time.time()
+        eps = scripted_episodes(env_id, n_eps, seed=cfg.seed + k, skill_range=cfg.skill_range,
                                 max_turns=cfg.max_turns)
+        log(f"{env_id}: {len(eps)} scripted episodes ({time.time() - t_env:.1f}s)")
         per_env[env_id] = len(eps)
         episodes += eps
     log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")

@@ -207,7 +207,7 @@ def score_tokens(policy, context: Sequence[int], tokens: Sequence[int], sampling
 
 def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
                     sampling: SamplingConfig, env_kwargs: Optional[dict] = None,
-                    batch_size: int = 64) -> list[EpisodeRecord]:
+                    batch_size: int = 64, detect_self_twins: bool = True) -> list[EpisodeRecord]:
     """Twins of factual episodes (one record per request, in request order).
 
     For each request: rebuild the factual env at turn ``t`` (replay, verified against the
@@ -226,7 +226,8 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
     context before turn ``t`` and ``turns`` from ``t`` on; ``utility`` is the twin
     trajectory's total reward (comparable to the factual ``utility``).
     ``env_kwargs`` is accepted for symmetry with :func:`rollout`; the env is rebuilt
-    from the factual record's own kwargs.
+    from the factual record's own kwargs. ``detect_self_twins=False`` continues
+    self-twins too (to verify that they reproduce the factual episode).
     """
     from twice_envs.wrappers.twin import twin
 
@@ -273,7 +274,7 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
         rec = EpisodeRecord(env_id=ep.env_id, seed=ep.seed, options=dict(ep.options), group=ep.group, prompt_ids=ctx,
                             twin_of=(r.episode, r.turn), branch=r.branch, coupled=r.coupled)
         cap = int(ep.info.get("turn_cap", len(ep.turns) if ep.truncated else 10**9))
-        if r.coupled and alt.text == ep.turns[r.turn].text:
+        if detect_self_twins and r.coupled and alt.text == ep.turns[r.turn].text:
             fact = ep.turns[r.turn]
             rec.self_twin = True
             rec.same_evidence = True
