@@ -186,3 +186,13 @@ def test_goalset_rejects_bad_kind(env):
         GoalSet(env.res.catalogue, "robot", 0)
     with pytest.raises(IndexError):
         env.res.goals[len(env.res.goals)]
+
+
+def test_sampler_follows_goal_weights(tmp_path):
+    env = twice_envs.make("WebShop-v0", split="all", **write_shop(tmp_path))
+    goals = env.res.goals
+    # one attribute shared by 4 goals of product A (weight 1/4 each), one by the single goal of B
+    assert sorted(goals.weights.tolist()) == [0.25, 0.25, 0.25, 0.25, 1.0]
+    b = next(i for i in range(5) if goals[i].asin == "B0TESTBBB2")
+    picks = [env.reset(seed=s)[1]["goal"] for s in range(1000)]
+    assert 0.44 < picks.count(b) / 1000 < 0.56  # weight 1 of a total 2

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import twice_envs
-from tests.envs._webshop_data import ATTRIBUTES, PRODUCTS, write_shop
+from tests.envs._webshop_data import PRODUCTS, write_shop
 from twice_envs.envs.webshop import catalogue_gen
 from twice_envs.envs.webshop.catalogue import iter_json_array, parse_pricing
 from twice_envs.envs.webshop.resources import clear_process_cache, load_catalogue

@@ -28,9 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import resource
-import statistics
 import sys
 import tempfile
 import time

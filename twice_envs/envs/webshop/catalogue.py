@@ -264,7 +264,9 @@ def normalise_product(
         return None
     title = _text(raw, "name", path, line)
     description = _text(raw, "full_description", path, line)
-    small = raw.get("small_description", None) if "small_description" in raw else _missing(raw, "small_description", path, line)
+    if "small_description" not in raw:
+        raise DataFormatError(path, line, f"product {asin!r} is missing the field 'small_description'")
+    small = raw["small_description"]
     if isinstance(small, list):
         if not all(isinstance(b, str) for b in small):
             raise DataFormatError(path, line, f"product {asin!r}: 'small_description' must be text or a list of text")
@@ -311,10 +313,6 @@ def normalise_product(
         asin, title, description, bullets, price_tag, pricing, tuple(options), attributes, category, query,
         product_category, instruction, ins_attrs,
     )
-
-
-def _missing(raw: dict, key: str, path: Any, line: Optional[int]) -> Any:
-    raise DataFormatError(path, line, f"product {raw.get('asin', '?')!r} is missing the field {key!r}")
 
 
 def parse_human_instructions(data: dict, path: Any) -> dict[str, tuple[HumanInstruction, ...]]:

@@ -182,7 +182,7 @@ class WebShopEnv(TextEnv):
         s = self._state
         clicks = pages.clickable_map(list(s[9]))
         info = {
-            "admissible_actions": pages.admissible(s[10], None, clicks),
+            "admissible_actions": pages.admissible(s[10], clicks),
             "page": s[1],
             "goal": s[0],
             "instruction": self._goal.instruction_text,

@@ -126,10 +126,11 @@ def synthetic_table(products: Sequence[Product] | list) -> tuple[np.ndarray, np.
             n *= len(values)
         counts[i] = n
         attrs_of[i] = p.instruction_attributes
-    return counts, _weights(counts, attrs_of)
+    return counts, synthetic_weights(counts, attrs_of)
 
 
-def _weights(counts: np.ndarray, attrs_of: list[tuple[str, ...]]) -> np.ndarray:
+def synthetic_weights(counts: np.ndarray, attrs_of: list[tuple[str, ...]]) -> np.ndarray:
+    """Per product: the weight of its synthetic goals (mean of 1 / goals per attribute)."""
     cnt: dict[str, int] = {}
     for n, attrs in zip(counts.tolist(), attrs_of):
         if n:

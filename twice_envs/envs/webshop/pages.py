@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 from twice_envs.envs.webshop.catalogue import Catalogue, Product
 
@@ -144,7 +144,7 @@ def clickable_map(clicks: list[tuple[str, Clickable]]) -> dict[str, Clickable]:
     return out
 
 
-def admissible(has_search_bar: bool, query_hint: Optional[str], clicks: dict[str, Clickable]) -> list[str]:
+def admissible(has_search_bar: bool, clicks: dict[str, Clickable]) -> list[str]:
     """``info["admissible_actions"]``: ``search[<query>]`` where there is a search bar, then clicks."""
     acts = ["search[<query>]"] if has_search_bar else []
     acts += [f"click[{k}]" for k in clicks if k != "search"]

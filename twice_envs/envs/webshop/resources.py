@@ -32,7 +32,7 @@ from twice_envs.envs.webshop.catalogue import (
     stream_products,
     write_records,
 )
-from twice_envs.envs.webshop.goals import GoalSet, _weights, synthetic_table
+from twice_envs.envs.webshop.goals import GoalSet, synthetic_table, synthetic_weights
 from twice_envs.envs.webshop.search import ANALYZER_VERSION, IndexBuilder, SearchIndex
 from twice_envs.trajectory import atomic_write_text
 
@@ -170,7 +170,7 @@ def build_cache(root: Path, products_path: str, attributes_path: Optional[str], 
     _save_npy(root / "offsets.npy", np.asarray(offsets, dtype=np.int64))
     count_arr = np.asarray(counts, dtype=np.int64)
     _save_npy(root / "goal_counts.npy", count_arr)
-    _save_npy(root / "goal_weights.npy", _weights(count_arr, ins_attrs))
+    _save_npy(root / "goal_weights.npy", synthetic_weights(count_arr, ins_attrs))
     atomic_write_text(root / "asins.json", json.dumps(asins))
     builder.finish().save(root / "index")
     atomic_write_text(root / "meta.json", json.dumps({"products": len(asins), "source": str(products_path)}))

@@ -102,11 +102,13 @@ class SearchIndex:
         with open(tmp / "twice_vocab.json", "w", encoding="utf-8") as fh:
             json.dump({"analyzer": ANALYZER_VERSION, "num_docs": self.num_docs, "vocab": self.vocab}, fh)
         if directory.exists():
-            shutil.rmtree(directory, ignore_errors=True)
+            # another process saved first; indexes only appear by rename, so its copy is
+            # complete, and it is identical (same data, same analyzer)
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
         try:
             os.replace(tmp, directory)
         except OSError:
-            # another process won the race; its index is identical
             shutil.rmtree(tmp, ignore_errors=True)
 
     @classmethod
