@@ -12,6 +12,7 @@ Each episode's context is kept as token ids (never re-tokenised), so a record's
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -98,9 +99,15 @@ def _finish(live: _Live, info: dict, terminated: bool, truncated: bool) -> None:
     rec.info.update(keep)
 
 
+#: Seconds spent in env steps and in generation, summed over all rollouts (benchmarks read it).
+TIMING = {"env_seconds": 0.0, "generate_seconds": 0.0}
+
+
 def _apply(policy, live: _Live, gen: Generation, key: NoiseKey) -> bool:
     """Step the env with a generated turn and record it; returns whether the episode is over."""
+    t0 = time.perf_counter()
     obs, reward, terminated, truncated, info = live.env.step(gen.text)
+    TIMING["env_seconds"] += time.perf_counter() - t0
     over = bool(terminated or truncated)
     if not over and live.env.turn >= live.turn_cap:
         truncated = over = True
@@ -138,7 +145,9 @@ def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int) -
             chunk = active[start: start + batch_size]
             keys = [NoiseKey(*x.env.last_info.get("noise_key", x.env.noise_key())) for x in chunk]
             reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter) for x, k in zip(chunk, keys)]
+            t0 = time.perf_counter()
             gens = policy.generate(reqs, sampling)
+            TIMING["generate_seconds"] += time.perf_counter() - t0
             for x, g, k in zip(chunk, gens, keys):
                 if not _apply(policy, x, g, k):
                     still.append(x)
@@ -259,7 +268,10 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
     alternatives: dict[int, Generation] = {}
     for start in range(0, len(alt_reqs), batch_size):
         chunk = alt_reqs[start: start + batch_size]
-        for (i, _), g in zip(chunk, policy.generate([q for _, q in chunk], sampling)):
+        t0 = time.perf_counter()
+        gens = policy.generate([q for _, q in chunk], sampling)
+        TIMING["generate_seconds"] += time.perf_counter() - t0
+        for (i, _), g in zip(chunk, gens):
             alternatives[i] = g
     for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
         if r.action is not None:
@@ -286,7 +298,9 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
             rec.info = dict(ep.info)
             out.append(rec)
             continue
+        t0 = time.perf_counter()
         tw = twin(env, alt.text, schedule if r.coupled else int(r.noise_seed), branch=r.branch)
+        TIMING["env_seconds"] += time.perf_counter() - t0
         obs, reward, terminated, truncated, info = tw.first_step
         rec.same_evidence = obs == ep.turns[r.turn].obs
         x = _Live(tw, rec, list(ctx), cap, counter, stop)

@@ -1,0 +1,156 @@
+"""Benchmarks of the agent layer: ``twice bench sampler`` and ``twice bench rollout``.
+
+Every figure is a ratio against a baseline measured in the same run on the same model
+and batch, so machine load shifts both sides alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from typing import Sequence
+
+import torch
+
+from twice_envs.agents.sampling import sampling_logits
+
+
+class PlainSampler:
+    """The baseline: ordinary temperature/top-p sampling with ``torch.multinomial`` (same forced-argmax output)."""
+
+    def __init__(self, temperature: float, top_p: float, seed: int = 0) -> None:
+        self.temperature, self.top_p = temperature, top_p
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
+        z = sampling_logits(scores, self.temperature, self.top_p)
+        logp = torch.log_softmax(z, -1)
+        p = logp.exp()
+        tokens = torch.multinomial(p, 1, generator=self.gen)
+        # the same statistics the keyed sampler records (a policy for RL needs them either way)
+        self.logprobs = logp.gather(-1, tokens).squeeze(-1)
+        self.entropy = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(-1, tokens, 0.0)
+
+
+def _prompt(policy) -> list[int]:
+    from twice_envs.agents.sequence import initial_prompt_ids
+
+    text = ("Answer the question below. If you are missing some knowledge, search with <search> query </search>. "
+            "Question: which river flows through the city where the author of the novel was born?")
+    return initial_prompt_ids(policy.tokenizer, text)
+
+
+def _time_generate(policy, batch: int, tokens: int, keyed: bool, sampling) -> float:
+    from twice_envs.agents.policy import GenerationRequest
+    from twice_envs.keys import NoiseKey
+
+    prompt = _prompt(policy)
+    reqs = [GenerationRequest(prompt, NoiseKey(1000 + b, 0, 0)) for b in range(batch)]
+    proc = None if keyed else PlainSampler(sampling.temperature, sampling.top_p)
+    t0 = time.perf_counter()
+    gens = policy.generate(reqs, sampling, processor=proc)
+    secs = time.perf_counter() - t0
+    assert all(len(g.token_ids) == tokens for g in gens)
+    return secs
+
+
+def sampler_main(argv: Sequence[str]) -> int:
+    """Keyed vs plain sampling: share of generation time, same model, batch and token count."""
+    parser = argparse.ArgumentParser(prog="twice bench sampler", description=sampler_main.__doc__)
+    parser.add_argument("--models", default="tiny,smollm2-135m", help="comma-separated models")
+    parser.add_argument("--batches", default="8,32")
+    parser.add_argument("--tokens", type=int, default=32, help="generated tokens per row")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating keyed/plain runs per setting")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--quick", action="store_true", help="tiny model, batch 8, 8 tokens, 1 repeat")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.batches, args.tokens, args.repeats = "tiny", "8", 8, 1
+
+    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.policy import SamplingConfig
+
+    sampling = SamplingConfig(temperature=1.0, top_p=args.top_p, max_new_tokens=args.tokens)
+    print(f"keyed vs plain sampling, {args.tokens} tokens per row, top_p {args.top_p}, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"{'model':14} {'batch':>5} {'vocab':>7} {'plain s':>9} {'keyed s':>9} {'overhead':>9} "
+          f"{'sampler share':>14}")
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        policy = load_policy(name)
+        policy.prefix_reuse = False
+        policy.eos_ids = set()  # equal token counts on both sides
+        for batch in [int(b) for b in args.batches.split(",")]:
+            _time_generate(policy, batch, args.tokens, True, sampling)  # warm-up
+            plain, keyed, share = [], [], []
+            for _ in range(args.repeats):
+                plain.append(_time_generate(policy, batch, args.tokens, False, sampling))
+                s0 = policy.stats.sampler_seconds
+                keyed.append(_time_generate(policy, batch, args.tokens, True, sampling))
+                share.append((policy.stats.sampler_seconds - s0) / keyed[-1])
+            p, k = statistics.median(plain), statistics.median(keyed)
+            print(f"{name:14} {batch:5d} {policy.vocab_size:7d} {p:9.3f} {k:9.3f} {100 * (k - p) / p:8.1f}% "
+                  f"{100 * statistics.median(share):13.1f}%")
+            sys.stdout.flush()
+    print("overhead = (keyed - plain) / plain generation time; sampler share = time in the keyed sampler "
+          "(temperature, nucleus, noise, argmax, log-probs) / keyed generation time")
+    return 0
+
+
+def rollout_main(argv: Sequence[str]) -> int:
+    """Rollout throughput, env vs generation time, and twin continuation cost with/without prefix reuse."""
+    parser = argparse.ArgumentParser(prog="twice bench rollout", description=rollout_main.__doc__)
+    parser.add_argument("--env", default="SearchQA-v0")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--tasks", type=int, default=8)
+    parser.add_argument("--group", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-turns", type=int, default=4)
+    parser.add_argument("--quick", action="store_true", help="2 tasks x 2, 24 tokens, 2 turns")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.tasks, args.group, args.max_new_tokens, args.max_turns = 2, 2, 24, 2
+
+    from twice_envs.agents import rollout as R
+    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.policy import SamplingConfig
+
+    policy = load_policy(args.model)
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
+    tasks = [R.Task(i) for i in range(args.tasks)]
+    R.TIMING.update(env_seconds=0.0, generate_seconds=0.0)
+    t0 = time.perf_counter()
+    eps = R.rollout(policy, args.env, tasks, group_size=args.group, sampling=sampling, max_turns=args.max_turns)
+    total = time.perf_counter() - t0
+    n_tok = sum(e.num_generated_tokens for e in eps)
+    env_s, gen_s = R.TIMING["env_seconds"], R.TIMING["generate_seconds"]
+    print(f"{args.env}, model {args.model}: {len(eps)} episodes, {sum(len(e.turns) for e in eps)} turns, "
+          f"{n_tok} generated tokens in {total:.2f}s")
+    print(f"  throughput: {n_tok / total:.1f} generated tokens/s overall, {n_tok / max(gen_s, 1e-9):.1f} in generation")
+    print(f"  time share: generation {100 * gen_s / total:.1f}%, env steps {100 * env_s / total:.1f}%, "
+          f"other (prompts, records) {100 * (total - gen_s - env_s) / total:.1f}%")
+
+    reqs = [R.BranchRequest(i, t, branch=1) for i, e in enumerate(eps) for t in range(len(e.turns))]
+    results = {}
+    for reuse in (False, True):
+        policy.prefix_reuse = reuse
+        before = (policy.stats.prefill_tokens, policy.stats.reused_tokens)
+        t0 = time.perf_counter()
+        twins = R.branch_rollouts(policy, eps, reqs, sampling=sampling)
+        secs = time.perf_counter() - t0
+        results[reuse] = (secs, policy.stats.prefill_tokens - before[0], policy.stats.reused_tokens - before[1],
+                          sum(t.num_generated_tokens for t in twins), sum(t.self_twin for t in twins))
+    policy.prefix_reuse = True
+    print(f"  twins: {len(reqs)} coupled twins (one per factual turn), "
+          f"{results[True][4]} self-twins")
+    for reuse in (False, True):
+        secs, pre, reused, gen, _ = results[reuse]
+        print(f"    prefix reuse {'on ' if reuse else 'off'}: {secs:.2f}s, {pre} context tokens computed, "
+              f"{reused} reused, {gen} generated")
+    off, on = results[False][0], results[True][0]
+    print(f"  prefix reuse: twin continuation time x{on / off:.2f} ({100 * (1 - on / off):.1f}% saved), "
+          f"context tokens computed x{results[True][1] / max(1, results[False][1]):.2f}")
+    return 0

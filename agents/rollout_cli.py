@@ -1,0 +1,102 @@
+"""``twice rollout``: run a model on an env and save the episodes as JSON lines.
+
+Each line is the env's trajectory record (so ``twice replay FILE`` re-runs and verifies
+it) with the agent's record of the episode under the key ``"episode"`` (token ids,
+log-probs, noise keys, entropies); :func:`load_episodes` reads them back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from twice_envs.agents.types import EpisodeRecord
+
+
+def episode_line(ep: EpisodeRecord) -> dict:
+    """One JSON-lines entry: the trajectory record plus ``"episode"`` (the agent's record)."""
+    if ep.trajectory is None:
+        raise ValueError("the episode has no trajectory record")
+    data = dict(ep.trajectory)
+    agent = ep.to_json()
+    agent.pop("trajectory", None)
+    data["episode"] = agent
+    return data
+
+
+def save_episodes(path: str | Path, episodes: Sequence[EpisodeRecord]) -> None:
+    """Write episodes as JSON lines (atomically), replayable with ``twice replay``."""
+    from twice_envs.trajectory import atomic_write_text
+
+    lines = [json.dumps(episode_line(ep), ensure_ascii=False, allow_nan=False) for ep in episodes]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
+
+
+def load_episodes(path: str | Path) -> list[EpisodeRecord]:
+    """Read episodes written by :func:`save_episodes`."""
+    from twice_envs.errors import TrajectoryFormatError
+
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+                agent = dict(data.pop("episode"))
+            except (json.JSONDecodeError, KeyError, TypeError) as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno}: not an episode line ({exc})") from None
+            agent["trajectory"] = data
+            out.append(EpisodeRecord.from_json(agent))
+    return out
+
+
+def rollout_main(argv: Sequence[str]) -> int:
+    """``twice rollout --env ID --model tiny --episodes N --out FILE``."""
+    parser = argparse.ArgumentParser(prog="twice rollout", description="Run a model on an env and save the episodes.")
+    parser.add_argument("--env", required=True, help="env id, e.g. SearchQA-v0")
+    parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local Hugging Face model directory")
+    parser.add_argument("--episodes", type=int, default=4, help="number of tasks (each run --group times)")
+    parser.add_argument("--group", type=int, default=1, help="episodes per task (a GRPO group)")
+    parser.add_argument("--out", required=True, help="output JSON lines file")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the first task (tasks use seed, seed+1, ...)")
+    parser.add_argument("--noise-seed", type=int, default=0, help="seed of the sampling noise")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-turns", type=int, default=None)
+    parser.add_argument("--greedy", action="store_true", help="argmax decoding")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
+    parser.add_argument("--show", action="store_true", help="print each episode's turns")
+    args = parser.parse_args(argv)
+
+    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.policy import SamplingConfig
+    from twice_envs.agents.rollout import Task, rollout
+
+    policy = load_policy(args.model, backend=args.backend, device=args.device)
+    sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                              greedy=args.greedy)
+    tasks = [Task(args.seed + i) for i in range(args.episodes)]
+    t0 = time.perf_counter()
+    episodes = rollout(policy, args.env, tasks, group_size=args.group, sampling=sampling, noise_seed=args.noise_seed,
+                       max_turns=args.max_turns)
+    secs = time.perf_counter() - t0
+    save_episodes(args.out, episodes)
+    n_tok = sum(e.num_generated_tokens for e in episodes)
+    for i, ep in enumerate(episodes, 1):
+        print(f"episode {i} (seed {ep.seed}, group {ep.group}): {len(ep.turns)} turns, {ep.num_generated_tokens} "
+              f"tokens, utility {ep.utility:g}")
+        if args.show:
+            for t in ep.turns:
+                print(f"  > {t.text!r}\n    {t.obs[:200]!r}")
+    mean_u = sum(e.utility for e in episodes) / max(1, len(episodes))
+    print(f"{len(episodes)} episodes, mean utility {mean_u:.3f}, {n_tok} tokens in {secs:.1f}s "
+          f"({n_tok / max(secs, 1e-9):.1f} tokens/s); saved to {args.out} (check with: twice replay {args.out})",
+          file=sys.stdout)
+    return 0
