@@ -8,7 +8,9 @@ optional dependency is missing.
 """
 
 import argparse
+from collections import Counter
 
+import gymnasium
 import torch
 from sb3_contrib import MaskablePPO
 
@@ -16,10 +18,28 @@ import twice_envs
 from twice_envs.wrappers.sb3 import IndexActionEnv
 
 
+class NoveltyBonus(gymnasium.Wrapper):
+    """Adds ``scale / sqrt(visits)`` for each observation text during training (count-based
+    exploration): the game only rewards the win, which random play almost never reaches."""
+
+    def __init__(self, env, scale):
+        super().__init__(env)
+        self.scale, self.visits = scale, Counter()
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        text = self.env.unwrapped.text_env.trajectory.observations[-1]
+        self.visits[text] += 1
+        return obs, reward + self.scale / self.visits[text] ** 0.5, terminated, truncated, info
+
+    def action_masks(self):
+        return self.env.unwrapped.action_masks()
+
+
 def make_env(args):
     try:
-        env = IndexActionEnv("ALFWorld-PickPlace-v0", max_turns=args.max_turns, reset_options={"index": args.task})
-        return env, "ALFWorld-PickPlace-v0"
+        env = IndexActionEnv(args.env, max_turns=args.max_turns, reset_options={"index": args.task})
+        return env, args.env
     except twice_envs.MissingExtra as exc:
         print(f"ALFWorld unavailable ({exc}); using WebShop-v0")
         env = IndexActionEnv("WebShop-v0", max_turns=args.max_turns, fill={"<query>": "instruction"})
@@ -45,17 +65,20 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--timesteps", type=int, default=3000, help="training budget (env steps)")
     parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes before and after")
-    parser.add_argument("--task", type=int, default=0, help="index of the bundled pick-and-place game")
+    parser.add_argument("--env", default="ALFWorld-Look-v0", help="an ALFWorld id (one task type)")
+    parser.add_argument("--task", type=int, default=1, help="index of the bundled game of that type")
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--n-steps", type=int, default=256, help="PPO rollout length")
+    parser.add_argument("--bonus", type=float, default=0.1, help="novelty bonus scale while training (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     env, env_id = make_env(args)
     print(f"env: {env_id}, task: {env.text_env.trajectory.observations[0].split('Your task is to:')[-1].strip()}")
+    train_env = NoveltyBonus(env, args.bonus) if args.bonus > 0 else env
     model = MaskablePPO(
-        "MlpPolicy", env, n_steps=args.n_steps, batch_size=min(64, args.n_steps), n_epochs=4,
+        "MlpPolicy", train_env, n_steps=args.n_steps, batch_size=min(64, args.n_steps), n_epochs=4,
         ent_coef=0.01, seed=args.seed, verbose=0,
     )
     before = success_rate(model, env, args.episodes, seed=10_000)

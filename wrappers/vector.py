@@ -51,6 +51,7 @@ no-op, and using a closed vector env raises ``ClosedEnvironmentError``.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import time
 from typing import Any, Callable, Optional, Sequence
@@ -193,7 +194,7 @@ class SeededSubEnv(ForkableWrapper, gymnasium.utils.RecordConstructorArgs):
             return False, (type(exc).__name__, str(exc))
 
 
-_REraisable = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}
+_RERAISED = {"ValueError": ValueError, "TypeError": TypeError, "IndexError": IndexError}
 
 
 class _SubEnvFactory:
@@ -244,7 +245,7 @@ class _TextVectorMixin:
         if ok:
             return value
         name, message = value
-        raise _REraisable.get(name, TwiceError)(f"sub-env {index}: {message}")
+        raise _RERAISED.get(name, TwiceError)(f"sub-env {index}: {message}")
 
     def trajectory(self, index: int) -> Trajectory:
         """A copy of sub-env ``index``'s record."""
@@ -428,7 +429,7 @@ def make_vec(
         close_timeout: seconds ``close`` waits for workers before terminating them.
         **kwargs: passed to ``twice_envs.make(id, ...)`` for every sub-env.
     """
-    from twice_envs.registry import registry, spec as get_spec
+    from twice_envs.registry import spec as get_spec
 
     if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
         raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
@@ -448,9 +449,12 @@ def make_vec(
             raise ValueError(f"options must be one dict or a list of {num_envs} dicts (one per sub-env)")
     if context is not None and context not in multiprocessing.get_all_start_methods():
         raise ValueError(f"context must be one of {multiprocessing.get_all_start_methods()}, got {context!r}")
-    spec = get_spec(id.removeprefix("twice_envs/"))  # unknown ids raise here, with close matches
-    env_id = spec.id
-    assert env_id in registry
+    env_id = id.removeprefix("twice_envs/")
+    if ":" in env_id:
+        # gymnasium's "module:Env-v0" form: the module registers the id.
+        module_name, _, env_id = env_id.rpartition(":")
+        importlib.import_module(module_name)
+    spec = get_spec(env_id)  # unknown ids raise here, with close matches
     fns = [
         _SubEnvFactory(
             env_id, spec.entry_point, dict(spec.kwargs), dict(kwargs), seed_list[i], num_envs, option_list[i],
