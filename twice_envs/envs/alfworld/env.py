@@ -89,11 +89,12 @@ class ALFWorldEnv(TextEnv):
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)) or not reward_scale > 0:
             raise ValueError(f"reward_scale must be a positive number, got {reward_scale!r}")
-        _engine._modules()  # the missing-extra error comes here, at make time
         self.reward_scale = float(reward_scale)
         self.split = split
         self.task_types = resolve_task_types(task_types)
+        # Listing first: importing alfworld sets $ALFWORLD_DATA to a default when it is unset.
         self._entries: list[GameEntry] = list_games(data_dir, split, self.task_types)
+        _engine._modules()  # the missing-extra error comes here, at make time
         self._names = {e.name: i for i, e in enumerate(self._entries)}
         self._holder: list = [None]
         self._finalizer = weakref.finalize(self, _release, self._holder)

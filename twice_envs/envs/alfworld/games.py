@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
@@ -217,18 +218,24 @@ def _default_goal(task_type: str, params: dict) -> str:
     return goal_sentence(task_type, obj, recep, toggle, variant=0)
 
 
-_game_cache: dict[str, GameData] = {}
+#: Games kept in memory per process (a real game is ~100 kB of text).
+GAME_CACHE_SIZE = 256
+_game_cache: "OrderedDict[str, GameData]" = OrderedDict()
 _cache_lock = threading.Lock()
 
 
 def load_game(entry: GameEntry) -> GameData:
-    """The game of ``entry`` (cached per process)."""
+    """The game of ``entry`` (cached per process, least recently used dropped first)."""
     with _cache_lock:
         game = _game_cache.get(entry.path)
-    if game is None:
-        game = assemble(load_authored(entry.path), entry.path) if entry.bundled else load_real_game(entry)
-        with _cache_lock:
-            _game_cache[entry.path] = game
+        if game is not None:
+            _game_cache.move_to_end(entry.path)
+            return game
+    game = assemble(load_authored(entry.path), entry.path) if entry.bundled else load_real_game(entry)
+    with _cache_lock:
+        _game_cache[entry.path] = game
+        while len(_game_cache) > GAME_CACHE_SIZE:
+            _game_cache.popitem(last=False)
     return game
 
 
