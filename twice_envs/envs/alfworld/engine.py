@@ -18,6 +18,7 @@ commands of the first state; a step costs what the engine's step costs.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import sys
 import threading
@@ -69,7 +70,7 @@ class GameData:
     pddl_params: dict = field(default_factory=dict, compare=False, hash=False)
     path: Optional[str] = None
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Content hash: two games with one key behave identically."""
         h = hashlib.sha256()
@@ -259,10 +260,12 @@ def _demangled_names(key: str, entity_infos: dict) -> dict[str, str]:
 class Engine:
     """One copy of the planner library with one game loaded (TextWorld's ``PddlEnv``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, facts: bool = False) -> None:
         textworld, _, pddl, _ = _modules()
-        infos = textworld.EnvInfos(won=True, admissible_commands=True)
+        infos = textworld.EnvInfos(won=True, admissible_commands=True, facts=facts)
         self._env = pddl.PddlEnv(infos)
+        #: The engine's last game state (TextWorld ``GameState``: feedback, facts if asked, ...).
+        self.state: Any = None
         self.game: Optional[GameData] = None
         self.key: Optional[str] = None
         self.admissible: list[str] = []
@@ -292,14 +295,15 @@ class Engine:
 
     def reset(self) -> str:
         """Start the loaded game; returns the first observation."""
-        state = self._env.reset()
+        state = self.state = self._env.reset()
         self.admissible = list(state["admissible_commands"])
         self.won = bool(state["won"])
         return state.feedback
 
     def step(self, command: str) -> str:
-        """Apply an admissible command (anything else: the engine's "Nothing happens.")."""
+        """Apply a command (one that is not admissible gets the engine's "Nothing happens.")."""
         state, _, _ = self._env.step(command)
+        self.state = state
         self.admissible = list(state["admissible_commands"])
         self.won = bool(state["won"])
         return state.feedback

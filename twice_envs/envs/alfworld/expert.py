@@ -1,4 +1,9 @@
-"""The engine's own planner (fast downward on ALFWorld's PDDL) as a scripted agent.
+"""ALFWorld's experts as scripted agents: the engine's planner, and ALFWorld's hand-coded expert.
+
+:class:`ALFWorldExpert` (the planner, fast downward on ALFWorld's PDDL) is optimal and
+solves every bundled game; :class:`HandcodedExpert` drives ``alfworld``'s own
+``HandCodedTWAgent`` (the heuristic expert ALFWorld's DAgger training imitates), which
+explores like a person would and does not always succeed.
 
     expert = ALFWorldExpert(timeout_s=20)
     obs, info = env.reset(seed=0)
@@ -106,8 +111,101 @@ class ALFWorldExpert:
             pass
 
 
-def solve(env: Any, *, seed: int = 0, options: Optional[dict] = None, expert: Optional[ALFWorldExpert] = None) -> bool:
-    """Reset ``env`` and play the expert until the episode ends; returns whether it won."""
+class HandcodedExpert:
+    """ALFWorld's hand-coded expert (``alfworld.agents.expert.HandCodedTWAgent``) on its own engine.
+
+    It watches every step of the env (as ALFWorld's expert wrapper does) and suggests
+    the next command; a suggestion that is not admissible becomes "look", as in
+    ALFWorld. Its random tie-breaks draw from a generator seeded with ``seed`` and the
+    env's reset seed, so it is deterministic.
+
+    Args:
+        seed: seed of its tie-breaks.
+        max_steps: steps after which ALFWorld's expert gives up (raises ExpertError).
+    """
+
+    def __init__(self, seed: int = 0, max_steps: int = 200) -> None:
+        self.seed = int(seed)
+        self.max_steps = int(max_steps)
+        self._engine: Optional[_engine.Engine] = None
+        self._agent: Any = None
+        self._episode: Optional[tuple] = None
+        self._history: list[str] = []
+        self._next = "look"
+        self._rng: Any = None
+
+    def _traj_file(self, game: Any) -> str:
+        """A folder holding the ``traj_data.json`` ALFWorld's expert reads its task from."""
+        import json
+        import os
+
+        from twice_envs._cache import cache_dir
+        from twice_envs.trajectory import atomic_write_text
+
+        if game.path and os.path.isfile(os.path.join(os.path.dirname(game.path), "traj_data.json")):
+            return game.path
+        params = dict(game.pddl_params)
+        if not params:
+            raise ExpertError(f"game {game.name} has no ALFWorld task parameters (pddl_params) for the hand-coded expert")
+        folder = cache_dir("alfworld", "traj", game.key[:24])
+        target = folder / "traj_data.json"
+        if not target.is_file():
+            atomic_write_text(target, json.dumps({"task_type": game.task_type, "pddl_params": params}))
+        return str(folder / "game.tw-pddl")
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run the agent with its module's ``random`` bound to our seeded generator."""
+        from alfworld.agents.expert import handcoded_expert
+
+        saved = handcoded_expert.random
+        handcoded_expert.random = self._rng
+        try:
+            return fn()
+        finally:
+            handcoded_expert.random = saved
+
+    def _restart(self, base: ALFWorldEnv) -> None:
+        import random
+
+        from alfworld.agents.expert import HandCodedTWAgent
+
+        game = base.game
+        if self._engine is None:
+            self._engine = _engine.Engine(facts=True)
+        if self._engine.key != game.key:
+            self._engine.load(game)
+        self._engine.reset()
+        self._rng = random.Random(f"{self.seed}/{base.trajectory.seed}/{game.key}")
+        self._agent = HandCodedTWAgent(max_steps=self.max_steps)
+        self._agent.reset(self._traj_file(game))
+        self._call(lambda: self._agent.observe(self._engine.state["feedback"]))
+        self._history, self._next = [], "look"
+        self._episode = (game.key, base.trajectory.seed, base.trajectory.digests[0])
+
+    def act(self, env: Any) -> str:
+        """ALFWorld's hand-coded expert's next command for ``env``."""
+        from alfworld.agents.expert import HandCodedAgentFailed, HandCodedAgentTimeout
+
+        base = ALFWorldExpert._base(self, env)  # type: ignore[arg-type]
+        history = [parse_action(a) for a in base.trajectory.actions]
+        episode = (base.game.key, base.trajectory.seed, base.trajectory.digests[0])
+        if self._episode != episode or history[: len(self._history)] != self._history:
+            self._restart(base)
+        engine = self._engine
+        for command in history[len(self._history) :]:
+            engine.step(command)
+            state = engine.state
+            try:
+                suggestion = self._call(lambda: self._agent.act(state, 0, state["won"], command))
+            except (HandCodedAgentTimeout, HandCodedAgentFailed) as exc:
+                raise ExpertError(f"ALFWorld's hand-coded expert gave up on {base.game.name} ({type(exc).__name__})") from None
+            self._next = suggestion if suggestion in engine.admissible else "look"
+            self._history.append(command)
+        return self._next
+
+
+def solve(env: Any, *, seed: int = 0, options: Optional[dict] = None, expert: Any = None) -> bool:
+    """Reset ``env`` and play ``expert`` (default: the planner) until the episode ends; returns whether it won."""
     expert = expert or ALFWorldExpert()
     _, info = env.reset(seed=seed, options=options)
     while True:
