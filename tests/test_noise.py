@@ -58,6 +58,15 @@ def fits(counts: np.ndarray, probs: np.ndarray) -> bool:
     return stat < chi2_critical(max(df, 1))
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # The suite shares a small machine: intra-op threads only add contention here.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def random_rows(rng: np.random.Generator, B: int) -> np.ndarray:
     rows = rng.integers(0, 2**32, size=(B, 6), dtype=np.int64)
     # edge cases: seeds >= 2**63, counters at and near 2**32 - 1, zeros
@@ -284,7 +293,7 @@ def test_keyed_argmax_reproduces_sampling_distribution(tau, top_p):
 
 def test_keyed_argmax_large_vocab_goodness_of_fit():
     rng = np.random.default_rng(41)
-    V, n = 3000, 6000
+    V, n = 1000, 5000
     base = (rng.standard_normal(V) * 2.0).astype(np.float32)
     keys = _many_keys(n, seed=77)
     tokens = N.keyed_sample(torch.from_numpy(np.tile(base, (n, 1))), keys, temperature=0.5, top_p=0.9)

@@ -301,11 +301,14 @@ class _Block:
     ``(B, 1)`` / ``(1, n)`` tensors.
     """
 
+    #: word j of a call sits in slot SLOT_OF_WORD[j] of :meth:`run`'s result
+    SLOT_OF_WORD = (0, 3, 1, 2)
+
     def __init__(self, keys: "torch.Tensor", n_max: int):
         torch = _torch()
         self.torch = torch
         device = keys.device
-        B = keys.shape[0]
+        self.B = B = keys.shape[0]
         self.k0 = keys[:, 0:1].to(torch.int64)
         self.k1 = keys[:, 1:2].to(torch.int64)
         # round r (0-based) uses key + r * W; X = (hi(p0) ^ c3 ^ k1, hi(p1) ^ c1 ^ k0)
@@ -314,14 +317,21 @@ class _Block:
         weyl = torch.tensor([PHILOX_W1, PHILOX_W0], dtype=torch.int64, device=device).view(1, 2, 1, 1)
         self.kx = (kk + steps * weyl).bitwise_and_(MASK32)  # (rounds, 2, B, 1)
         self.mult = torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(2, 1, 1)
-        self.bufs = [torch.empty((2, B, n_max), dtype=torch.int64, device=device) for _ in range(4)]
+        # slots: E (2) | P (2) | P of the previous round (2); X (2) separately
+        self.state = torch.empty(6 * B * n_max, dtype=torch.int64, device=device)
+        self.x = torch.empty(2 * B * n_max, dtype=torch.int64, device=device)
         self.device = device
 
-    def run(self, q_start: int, q_stop: int):
-        """The four words ``(c0, c1, c2, c3)`` (``(B, n)`` int64 views; c1/c3 unmasked)."""
+    def run(self, q_start: int, q_stop: int) -> "torch.Tensor":
+        """``(4, B, n)`` int64: slots ``(c0, c2, c3, c1)`` of the output (c3/c1 unmasked).
+
+        A view of the internal buffer, overwritten by the next call.
+        """
         torch = self.torch
         n = q_stop - q_start
-        E, X, P, Pp = (b[:, :, :n] for b in self.bufs)
+        S = self.state[: 6 * self.B * n].view(6, self.B, n)
+        X = self.x[: 2 * self.B * n].view(2, self.B, n)
+        E, P, Pp = S[0:2], S[2:4], S[4:6]
         q = torch.arange(q_start, q_stop, dtype=torch.int64, device=self.device).unsqueeze(0)
         # Round 1 on counter (q, 0, 0, 0): q < 2**31 so q * M0 < 2**63 (exact shifts);
         # state after it: c0 = k0 (row), c1 = 0, c2 = hi(q M0) ^ k1, c3 = lo(q M0) (column).
@@ -336,14 +346,22 @@ class _Block:
         E[0].bitwise_xor_(ka0).bitwise_and_(MASK32)
         torch.bitwise_xor(lq, ((p0 >> 32) ^ ka1) & MASK32, out=E[1])
         P[0].copy_(p0.expand(-1, n))
-        for r in range(2, PHILOX_ROUNDS):
+        for r in range(2, PHILOX_ROUNDS):  # an even number of swaps: P ends in slots 2:4
             P, Pp = Pp, P
             torch.mul(E, self.mult, out=P)  # (c0 M0, c2 M1): wraps in int64, low 64 bits exact
             torch.bitwise_right_shift(P, 32, out=X)
             X.bitwise_xor_(Pp).bitwise_xor_(self.kx[r])  # (c2', c0') above bit 31 garbage
             torch.bitwise_and(X[1], MASK32, out=E[0])
             torch.bitwise_and(X[0], MASK32, out=E[1])
-        return E[0], P[1], E[1], P[0]
+        return S[0:4]
+
+
+def _scatter_words(slots: "torch.Tensor", out: "torch.Tensor") -> None:
+    """Copy ``(4, B, n)`` slots ``(c0, c2, c3, c1)`` into ``out`` ``(B, n, 4)`` word order."""
+    ov = out.permute(2, 0, 1)
+    ov[0::2].copy_(slots[0:2])
+    ov[1].copy_(slots[3])
+    ov[3].copy_(slots[2])
 
 
 def _chunks(B: int, Q: int):
@@ -369,8 +387,9 @@ def philox_words_torch(
     out = torch.empty((B, Q, 4), dtype=torch.int64, device=keys.device)
     block = _Block(keys, min(Q, max(1, _CHUNK_CALLS // max(B, 1))))
     for s, e in _chunks(B, Q):
-        torch.stack(block.run(s, e), dim=-1, out=out[:, s:e])
-    out.bitwise_and_(MASK32)
+        slots = block.run(s, e)
+        slots[2:4].bitwise_and_(MASK32)
+        _scatter_words(slots, out[:, s:e])
     return _trim(out.view(B, 4 * Q), V)
 
 
@@ -395,16 +414,15 @@ def _candidate_words(keys: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor
 
 def _words_to_gumbel(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
     """``out = -log(-log((w + 0.5) / 2**32))`` computed in float64 (``out`` float64)."""
+    _words_to_neglog_u(words, out)
+    return out.log_().neg_()
+
+
+def _words_to_neglog_u(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
+    """``out = -log(u)``, ``u = (w + 0.5) / 2**32`` exact in float64 (33 significant bits)."""
     torch = _torch()
-    dev = words.device
-    torch.addcmul(
-        torch.tensor(2.0**-33, dtype=torch.float64, device=dev),
-        words,
-        torch.tensor(1.0, dtype=torch.float64, device=dev),
-        value=2.0**-32,
-        out=out,
-    )  # exact: w * 2**-32 + 2**-33 needs 33 significant bits
-    return out.log_().neg_().log_().neg_()
+    torch.add(words, torch.tensor(0.5, dtype=torch.float64, device=words.device), out=out)
+    return out.mul_(2.0**-32).log_().neg_()
 
 
 def uniforms_torch(
@@ -440,18 +458,23 @@ def gumbel_torch(
     Q = (V + 3) // 4
     n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
     block = _Block(keys, n_max)
-    wbuf = torch.empty((B, n_max, 4), dtype=torch.int64, device=keys.device)
-    fbuf = torch.empty((B, n_max, 4), dtype=torch.float64, device=keys.device)
+    f64 = torch.empty(4 * B * n_max, dtype=torch.float64, device=keys.device)
+    low = torch.empty(4 * B * n_max, dtype=dtype, device=keys.device) if dtype != torch.float64 else None
     out = torch.empty((B, Q, 4), dtype=dtype, device=keys.device)
     for s, e in _chunks(B, Q):
         n = e - s
-        w = wbuf[:, :n]
-        torch.stack(block.run(s, e), dim=-1, out=w)
-        w.bitwise_and_(MASK32)
-        if dtype == torch.float64:
-            _words_to_gumbel(w, out[:, s:e])
+        slots = block.run(s, e)
+        slots[2:4].bitwise_and_(MASK32)
+        t = _words_to_neglog_u(slots, f64[: 4 * B * n].view(4, B, n))
+        if low is None:
+            g = t.log_().neg_()
         else:
-            out[:, s:e].copy_(_words_to_gumbel(w, fbuf[:, :n]))
+            # -log(u) needs float64 (u is within 2**-33 of 1); its log only needs the
+            # output precision.
+            g = low[: 4 * B * n].view(4, B, n)
+            g.copy_(t)
+            g.log_().neg_()
+        _scatter_words(g, out[:, s:e])
     return _trim(out.view(B, 4 * Q), V)
 
 
@@ -570,32 +593,73 @@ def keyed_sample(
         if greedy or temperature == 0.0:
             return logits.argmax(dim=-1)
         key_rows = key_rows.to(logits.device)
-        s = logits.detach().to(torch.float64) / temperature
+        x = logits.detach()
+        if x.dtype not in (torch.float32, torch.float64):
+            x = x.float()  # exact for half types
+        scale = float(temperature)  # s = x / scale, always formed in float64
         if top_p < 1.0:
-            s.masked_fill_(~_nucleus_of_scaled(s, top_p), -math.inf)
+            x = x.to(torch.float64) / scale
+            x.masked_fill_(~_nucleus_of_scaled(x, top_p), -math.inf)
+            scale = 1.0
         if shortcut:
-            cand = s >= (s.max(dim=-1, keepdim=True).values - SKIP_GAP)
-            n_cand = int(cand.sum())
-            if n_cand <= _CANDIDATE_SHARE * B * V:
-                return _sample_candidates(s, cand, key_rows)
-        g = gumbel_torch(key_rows, V, dtype=torch.float64)
-        return (s + g).argmax(dim=-1)
+            # s_v >= s_max - SKIP_GAP  <=>  x_v >= x_max - scale * SKIP_GAP; the threshold
+            # is rounded down into x's dtype, so the candidates can only be more.
+            thr = x.max(dim=-1, keepdim=True).values.to(torch.float64) - scale * SKIP_GAP
+            thr_x = thr.to(x.dtype)
+            thr_x = torch.where(thr_x.to(torch.float64) > thr, torch.nextafter(thr_x, torch.full_like(thr_x, -math.inf)), thr_x)
+            rows, cols = (x >= thr_x).nonzero(as_tuple=True)  # row-major: ids ascending in a row
+            if rows.numel() <= _CANDIDATE_SHARE * B * V:
+                s = x[rows, cols].to(torch.float64) / scale
+                return _argmax_candidates(s, rows, cols, key_rows, B, V)
+        return _argmax_full(x, scale, key_rows)
 
 
-def _sample_candidates(s: "torch.Tensor", cand: "torch.Tensor", key_rows: "torch.Tensor") -> "torch.Tensor":
+def _argmax_candidates(s, rows, cols, key_rows, B: int, V: int) -> "torch.Tensor":
+    """Per row, the candidate with the largest ``s + g`` (lowest id on ties)."""
     torch = _torch()
-    B, V = s.shape
-    rows, cols = cand.nonzero(as_tuple=True)  # row-major: ids ascending within a row
     keys = token_keys_torch(key_rows).to(s.device)
     k = keys[rows]
     words = _philox_rounds_torch(cols >> 2, 0, 0, 0, k[:, 0], k[:, 1])
     w = torch.stack(torch.broadcast_tensors(*words), dim=-1).gather(-1, (cols & 3).unsqueeze(-1)).squeeze(-1)
-    val = s[rows, cols] + _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=s.device))
+    val = s + _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=s.device))
     best = torch.full((B,), -math.inf, dtype=torch.float64, device=s.device)
     best.scatter_reduce_(0, rows, val, reduce="amax")
     win = val == best[rows]
     out = torch.full((B,), V, dtype=torch.int64, device=s.device)
-    return out.scatter_reduce_(0, rows[win], cols[win], reduce="amin")
+    out.scatter_reduce_(0, rows[win], cols[win], reduce="amin")
+    return out.masked_fill_(out == V, 0)  # a row of -inf logits: id 0, like argmax
+
+
+def _argmax_full(x: "torch.Tensor", scale: float, key_rows: "torch.Tensor") -> "torch.Tensor":
+    """``argmax_v (x_v / scale + g_v)`` with the full noise block, chunk by chunk (float64)."""
+    torch = _torch()
+    keys = _row_keys(key_rows).to(x.device)
+    B, V = x.shape
+    Q = (V + 3) // 4
+    n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
+    block = _Block(keys, n_max)
+    g_slots = torch.empty(4 * B * n_max, dtype=torch.float64, device=x.device)
+    g_words = torch.empty(4 * B * n_max, dtype=torch.float64, device=x.device)
+    val = torch.empty((B, 4 * n_max), dtype=torch.float64, device=x.device)
+    best = torch.full((B,), -math.inf, dtype=torch.float64, device=x.device)
+    best_id = torch.zeros(B, dtype=torch.int64, device=x.device)
+    for s, e in _chunks(B, Q):
+        n, lo, hi = e - s, 4 * s, min(V, 4 * e)
+        slots = block.run(s, e)
+        slots[2:4].bitwise_and_(MASK32)
+        g = _words_to_gumbel(slots, g_slots[: 4 * B * n].view(4, B, n))
+        gw = g_words[: 4 * B * n].view(B, n, 4)
+        _scatter_words(g, gw)
+        v = val[:, : hi - lo]
+        v.copy_(x[:, lo:hi])
+        if scale != 1.0:
+            v.div_(scale)
+        v.add_(gw.reshape(B, 4 * n)[:, : hi - lo])
+        m, i = v.max(dim=-1)
+        better = m > best  # strict: an earlier chunk (lower ids) keeps a tie
+        best = torch.where(better, m, best)
+        best_id = torch.where(better, i + lo, best_id)
+    return best_id
 
 
 # --------------------------------------------------------------------------- numpy sampling
