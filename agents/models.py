@@ -85,6 +85,8 @@ class TinyModelConfig:
     """Peak AdamW learning rate (linear warm-up, cosine decay)."""
     seed: int = 0
     """Seed of the env tasks, the skills and the initialisation."""
+    threads: int = 0
+    """CPU threads for training (0: torch's default)."""
 
 
 # ----------------------------------------------------------------------------- cache
@@ -278,6 +280,9 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     n_tok = sum(len(s) for s, _ in seqs)
     log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
 
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     mcfg = transformers.LlamaConfig(
         vocab_size=len(tokenizer),
@@ -295,8 +300,11 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     model = transformers.LlamaForCausalLM(mcfg)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: Llama, {n_params / 1e6:.2f}M parameters")
-    train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,
-              pad_id=tokenizer.pad_token_id)
+    try:
+        train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,
+                  pad_id=tokenizer.pad_token_id)
+    finally:
+        torch.set_num_threads(threads_before)
     model.eval()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))

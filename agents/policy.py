@@ -201,11 +201,19 @@ class HFPolicy:
         device: where the model runs.
         prefix_reuse: keep each turn's key/value cache for later requests that extend it.
         prefix_cache_bytes: the cache's size bound.
+        num_threads: CPU threads while generating (``None``: torch's setting). Small models
+            default to 1: their matrices are too small to split, and idle OpenMP threads
+            spinning on a loaded machine cost more than they save (measured: 45x slower
+            with 2 threads than with 1 on a busy 2-core machine).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: str = "cpu", prefix_reuse: bool = True,
-                 prefix_cache_bytes: int = 1 << 30) -> None:
+                 prefix_cache_bytes: int = 1 << 30, num_threads: Optional[int] = -1) -> None:
         self.model = model.to(device)
+        n_params = sum(p.numel() for p in model.parameters())
+        if num_threads == -1:
+            num_threads = 1 if (str(device) == "cpu" and n_params < 20_000_000) else None
+        self.num_threads = num_threads
         self.model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
@@ -257,7 +265,6 @@ class HFPolicy:
                          logits_to_keep=1)
         return out.logits[:, -1, :], getattr(out, "cache", None) or getattr(out, "past_key_values", None)
 
-    @torch.no_grad()
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig, *,
                  processor: Optional[Any] = None) -> list[Generation]:
         """Generate one turn for every request (batched; rows never influence each other's noise).
@@ -267,6 +274,17 @@ class HFPolicy:
         """
         if not requests:
             return []
+        old = torch.get_num_threads()
+        if self.num_threads and self.num_threads != old:
+            torch.set_num_threads(self.num_threads)
+        try:
+            with torch.no_grad():
+                return self._generate(requests, sampling, processor)
+        finally:
+            if torch.get_num_threads() != old:
+                torch.set_num_threads(old)
+
+    def _generate(self, requests, sampling, processor) -> list[Generation]:
         t_start = time.perf_counter()
         n = len(requests)
         dev = self.device

@@ -12,7 +12,7 @@ from twice_envs.agents.models import TinyModelConfig, build_tiny
 #: Small enough to build in a few seconds on 2 cores; trained on CoinChain transcripts.
 TEST_CONFIG = TinyModelConfig(
     envs=("CoinChain-v0",), episodes_per_env=40, max_turns=6, vocab_size=320, hidden_size=48, num_layers=2,
-    num_heads=2, num_kv_heads=1, intermediate_size=96, max_len=256, steps=40, batch_size=8, lr=1e-2, seed=0,
+    num_heads=2, num_kv_heads=1, intermediate_size=96, max_len=256, steps=40, batch_size=8, lr=1e-2, seed=0, threads=1,
 )
 
 
