@@ -10,7 +10,8 @@ pytest.importorskip("alfworld")
 pytest.importorskip("fast_downward")
 
 import twice_envs  # noqa: E402
-from twice_envs import check_env, load_trajectories, replay  # noqa: E402
+from twice_envs import ReplayDivergence, check_env, load_trajectories, replay  # noqa: E402
+from twice_envs.trajectory import step_digest  # noqa: E402
 
 RECORD = Path(__file__).resolve().parent / "data" / "alfworld_episode_30.jsonl"
 
@@ -33,8 +34,11 @@ def test_recorded_30_step_episode_replays_identically():
     for action in record.actions[17:]:
         child.step(action)
     assert child.trajectory.digests == record.digests
-    # and a changed observation is detected
+    # a record whose observation 12 differs (with a consistent digest chain) diverges at turn 12
     bad = load_trajectories(RECORD)[0]
     bad.observations[12] = "You arrive somewhere else."
-    with pytest.raises(twice_envs.TwiceError):
+    for t in range(12, bad.num_turns + 1):
+        bad.digests[t] = step_digest(bad.digests[t - 1], bad.actions[t - 1], bad.observations[t], bad.rewards[t - 1])
+    with pytest.raises(ReplayDivergence) as err:
         replay(bad)
+    assert err.value.turn == 12
