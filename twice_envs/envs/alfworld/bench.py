@@ -27,7 +27,8 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
-GAME = "pick_two_obj_and_place-kitchen_a-train-0"
+#: The bundled game timed by default.
+DEFAULT_GAME = "pick_two_obj_and_place-kitchen_a-train-0"
 
 _RAW_SCRIPT = r"""
 import json, sys, time
@@ -73,29 +74,30 @@ def _raw_env(path: str):
     return textworld.start(path, infos, wrappers=[AlfredDemangler, AlfredInfos])
 
 
-def _episode_actions(env, length: int, seed: int) -> list[str]:
+def _episode_actions(env, game: str, length: int, seed: int) -> list[str]:
     """``length`` admissible commands that cannot win (a deterministic random walk without "move")."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    _, info = env.reset(seed=0, options={"game": GAME})
+    _, info = env.reset(seed=0, options={"game": game})
     actions = []
     while len(actions) < length:
         options = [a for a in info["admissible_actions"] if not a.startswith("move ")]
         a = options[int(rng.integers(len(options)))]
         _, _, terminated, _, info = env.step(a)
-        assert not terminated
+        if terminated:  # a game won without "move": start the walk again
+            return _episode_actions(env, game, length, seed + 1)
         actions.append(a)
     return actions
 
 
-def _worker(args: tuple[int, float, "mp.synchronize.Barrier", "mp.Queue"]) -> None:
-    seed, seconds, barrier, queue = args
+def _worker(args: tuple[int, float, dict, "mp.synchronize.Barrier", "mp.Queue"]) -> None:
+    seed, seconds, kwargs, barrier, queue = args
     import numpy as np
 
     import twice_envs
 
-    env = twice_envs.make("ALFWorld-v0", max_turns=10**6)
+    env = twice_envs.make("ALFWorld-v0", max_turns=10**6, **kwargs)
     rng = np.random.default_rng(seed)
     _, info = env.reset(seed=seed)
     env.step("look")  # warm: engine loaded
@@ -110,10 +112,10 @@ def _worker(args: tuple[int, float, "mp.synchronize.Barrier", "mp.Queue"]) -> No
     queue.put((steps, time.perf_counter() - t0))
 
 
-def _throughput(workers: int, seconds: float) -> float:
+def _throughput(workers: int, seconds: float, kwargs: dict) -> float:
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(workers), ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=((i, seconds, barrier, queue),)) for i in range(workers)]
+    procs = [ctx.Process(target=_worker, args=((i, seconds, kwargs, barrier, queue),)) for i in range(workers)]
     for p in procs:
         p.start()
     results = [queue.get(timeout=600) for _ in procs]
@@ -127,6 +129,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a smoke run (few repetitions)")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of each timing (default 7, quick 2)")
     parser.add_argument("--seconds", type=float, default=None, help="duration of each throughput run (default 10, quick 2)")
+    parser.add_argument("--data-dir", default=None, help="time a game of real ALFWorld data (e.g. '$ALFWORLD_DATA')")
+    parser.add_argument("--split", default="train", help="split of --data-dir (default train)")
+    parser.add_argument("--game", default=None, help=f"game name (default: {DEFAULT_GAME}, or the first game of --data-dir)")
     parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
     args = parser.parse_args(list(argv or []))
     reps = args.reps or (2 if args.quick else 7)
@@ -135,10 +140,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import twice_envs
     from twice_envs.envs.alfworld.engine import POOL
 
-    fig: dict = {"game": GAME, "reps": reps}
-    env = twice_envs.make("ALFWorld-v0", max_turns=10**7)
+    env = twice_envs.make("ALFWorld-v0", max_turns=10**7, data_dir=args.data_dir, split=args.split)
+    game = args.game or (DEFAULT_GAME if args.data_dir is None else env.games[0])
+    fig: dict = {"game": game, "reps": reps}
     length = 12 if args.quick else 30
-    actions = _episode_actions(env, length, seed=1)
+    actions = _episode_actions(env, game, length, seed=1)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "game.tw-pddl")
         with open(path, "w") as fh:
@@ -155,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return (time.perf_counter() - t) / len(actions)
 
         def time_ours() -> float:
-            env.reset(seed=0, options={"game": GAME})
+            env.reset(seed=0, options={"game": game})
             t = time.perf_counter()
             for a in actions:
                 env.step(a)
@@ -178,14 +184,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         wrapper_overhead_median=med_ours / med_same - 1,
         speedup_vs_plain=raw_plain / ours_step,
     )
-    print(f"game {GAME}, {len(actions)} admissible non-winning actions, best of {reps} runs")
+    print(f"game {game}, {len(actions)} admissible non-winning actions, best of {reps} runs")
     print(f"step: raw ALFWorld (plain engine) {raw_plain * 1e3:7.2f} ms")
     print(f"step: raw ALFWorld (same engine)  {raw_same * 1e3:7.2f} ms")
     print(f"step: ALFWorld-v0                 {ours_step * 1e3:7.2f} ms   wrapper overhead {fig['wrapper_overhead']:+.1%} "
           f"(median of runs {fig['wrapper_overhead_median']:+.1%}), {fig['speedup_vs_plain']:.2f}x faster than plain ALFWorld")
 
     # The wrapper alone: the same steps with the engine's step replaced by a stored answer.
-    env.reset(seed=0, options={"game": GAME})
+    env.reset(seed=0, options={"game": game})
     engine = env.engine
     answer = env.step(actions[0])[0]
     engine.step = lambda command: answer  # instance attribute: this engine only, removed below
@@ -205,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fig["load_fresh_s_plain"] = load_plain
     print(f"load game fresh (plain engine: new env, parse, translate, reset): {load_plain * 1e3:7.1f} ms")
     for t in sorted({0, min(10, length), length}):
-        env.reset(seed=0, options={"game": GAME})
+        env.reset(seed=0, options={"game": game})
         for a in actions[:t]:
             env.step(a)
         env.fork(t)  # warm the pool
@@ -224,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     # throughput
     for workers in (1, 2):
-        sps = _throughput(workers, seconds)
+        sps = _throughput(workers, seconds, {"data_dir": args.data_dir, "split": args.split})
         fig[f"steps_per_s_{workers}_workers"] = sps
         print(f"throughput, {workers} worker process{'es' if workers > 1 else ''}: {sps:7.1f} steps/s")
     print(f"(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
