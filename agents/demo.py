@@ -41,28 +41,34 @@ class DemoConfig:
 QUICK = DemoConfig(updates=2, questions_per_update=2, eval_questions=8, audit_questions=2, oracle_rollouts=2)
 
 
-def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", progress: bool = True) -> dict:
+def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", progress: bool = True,
+             load=None, overrides: dict | None = None) -> dict:
+    """Run the demo; ``load()`` returns a fresh policy (default: ``load_policy(model)``) and
+    ``overrides`` change the trainer's CPU defaults (both for tests on small envs)."""
     from twice_envs.agents.audit import AuditConfig, format_table, run_audit, write_outputs
     from twice_envs.agents.models import load_policy
     from twice_envs.agents.plots import plot_runs
-    from twice_envs.agents.train import cpu_config, evaluate, load_run_policy, train
+    from twice_envs.agents.train import cpu_config, evaluate, train
 
     out = Path(cfg.out)
     t0 = time.time()
     say = lambda msg: print(f"[demo {time.time() - t0:5.0f}s] {msg}", flush=True)  # noqa: E731
     say(f"loading the {model} model (built on first use)")
-    policy = load_policy(model)
+    load = load or (lambda: load_policy(model))
+    policy = load()
     base = cpu_config(env=env, model=model, updates=cfg.updates, questions_per_update=cfg.questions_per_update,
-                      eval_questions=cfg.eval_questions, seed=cfg.seed, checkpoint_every=cfg.updates)
+                      eval_questions=cfg.eval_questions, seed=cfg.seed, checkpoint_every=cfg.updates,
+                      **(overrides or {}))
     before = evaluate(policy, base)
     say(f"dev EM before training: {before['em']:.3f} (F1 {before['f1']:.3f}, {before['n']} questions)")
     results = {"before": before}
+    trained = {}
     for method in ("grpo", "twice"):
         run_cfg = replace(base, method=method, out_dir=str(out / method))
         say(f"training {method} for {cfg.updates} updates -> {run_cfg.out_dir}")
-        metrics = train(run_cfg, progress=progress, policy=load_policy(model))
-        trained, _ = load_run_policy(run_cfg.out_dir)
-        after = evaluate(trained, run_cfg)
+        trained[method] = load()
+        metrics = train(run_cfg, progress=progress, policy=trained[method])
+        after = evaluate(trained[method], run_cfg)
         results[method] = {"after": after, "seconds_per_update": sum(m["time"] for m in metrics) / len(metrics),
                            "realised_beta": sum(m["aux_tokens"] for m in metrics) / max(1, sum(m["generated_tokens"] for m in metrics))}
         # record the final dev EM in the run's metrics so the plot shows it
@@ -71,10 +77,10 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
         say(f"{method}: dev EM {before['em']:.3f} -> {after['em']:.3f}")
     curves = plot_runs([out / "grpo", out / "twice"], out / "curves.png", labels=["GRPO", "Twice"])
     say("auditing the Twice policy's credit")
-    trained, tcfg = load_run_policy(out / "twice")
-    acfg = AuditConfig(env=env, questions=cfg.audit_questions, oracle_rollouts=cfg.oracle_rollouts,
-                       max_new_tokens=tcfg.max_new_tokens, max_turns=tcfg.max_turns, seed=cfg.seed)
-    res = run_audit(trained, acfg)
+    acfg = AuditConfig(env=env, env_kwargs=base.env_kwargs, questions=cfg.audit_questions,
+                       oracle_rollouts=cfg.oracle_rollouts, max_new_tokens=base.max_new_tokens,
+                       max_turns=base.max_turns, indexed_tasks=base.indexed_tasks, seed=cfg.seed)
+    res = run_audit(trained["twice"], acfg)
     paths = write_outputs(res, out / "audit")
     print(format_table(res), end="")
     print()

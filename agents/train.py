@@ -367,7 +367,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int) -> dict:
         "time": t3 - t0,
     }
     for k in ("rho", "self_twin_share", "tie_share", "same_evidence_share", "mean_q", "branched_share",
-              "predictor_auc", "discordance", "twins"):
+              "predictor_auc", "discordance", "twins", "cost_scale"):
         if k in credit.stats:
             m[k] = credit.stats[k]
     m.update(loss_stats)

@@ -201,22 +201,26 @@ def credit_step(
     if method == "vineppo":
         vals = run_value_rollouts(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
         return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
+    state = predictor_state or predictor.PredictorState()
     if method == "crr":
         cfg = crr.crr_config(config)
-        plan = crr.plan_branches(factual, rng, config)
+        plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
         tw = run_twins(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
         credit = twice.twin_credit(factual, tw.records, plan, tw.kept, cfg)
         stats = twice.twin_stats(credit, plan, tw.records)
-        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg), tw.aux_tokens, stats)
+        state = predictor.calibrate_cost(state, tw.aux_tokens, float(np.dot(plan.q, plan.costs)))
+        stats["cost_scale"] = state.cost_scale
+        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg), tw.aux_tokens, stats, state)
     if method != "twice":
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    state = predictor_state or predictor.PredictorState()
     X = predictor.decision_features(factual)
     eta = predictor.predict(state, X)
-    plan = twice.plan_branches(factual, config, eta, rng, update=update)
+    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale)
     tw = run_twins(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
     credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
     stats = twice.twin_stats(credit, plan, tw.records)
+    state = predictor.calibrate_cost(state, tw.aux_tokens, float(np.dot(plan.q, plan.costs)) * config.n_alternatives)
+    stats["cost_scale"] = state.cost_scale
     # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
     rows, labels, weights = [], [], []
     for (r, u, v, e, kept) in credit.pairs:

@@ -27,10 +27,14 @@ def crr_config(base: twice.TwiceConfig | None = None) -> twice.TwiceConfig:
 
 
 def plan_branches(
-    episodes: Sequence[EpisodeRecord], rng: np.random.Generator, config: twice.TwiceConfig | None = None
+    episodes: Sequence[EpisodeRecord],
+    rng: np.random.Generator,
+    config: twice.TwiceConfig | None = None,
+    *,
+    cost_scale: float = 1.0,
 ) -> twice.BranchPlan:
     """Uniform branch coins at Twice's expected cost."""
-    return twice.plan_branches(episodes, crr_config(config), None, rng, update=0)
+    return twice.plan_branches(episodes, crr_config(config), None, rng, update=0, cost_scale=cost_scale)
 
 
 def crr_credit(

@@ -47,13 +47,29 @@ class PredictorState:
     weights: np.ndarray = field(default_factory=lambda: np.zeros(NUM_FEATURES))
     bias: float = 0.0
     updates: int = 0
+    cost_realised: float = 0.0
+    """Decayed sum of realised auxiliary tokens (for the cost calibration)."""
+    cost_expected: float = 0.0
+    """Decayed sum of ``sum_t q_t c_t`` of the same updates."""
+
+    @property
+    def cost_scale(self) -> float:
+        """Realised twin tokens per predicted token ``c_t`` (1 until twins have run).
+
+        ``c_t`` bounds a twin's cost; self-twins, dropped same-evidence twins and
+        shorter continuations make the realised cost smaller, so the budget is solved
+        with ``cost_scale x c_t`` to spend ``beta`` x policy tokens in practice.
+        """
+        return self.cost_realised / self.cost_expected if self.cost_expected > 0 else 1.0
 
     def to_json(self) -> dict:
-        return {"weights": [float(w) for w in self.weights], "bias": float(self.bias), "updates": int(self.updates)}
+        return {"weights": [float(w) for w in self.weights], "bias": float(self.bias), "updates": int(self.updates),
+                "cost_realised": float(self.cost_realised), "cost_expected": float(self.cost_expected)}
 
     @classmethod
     def from_json(cls, d: dict) -> "PredictorState":
-        return cls(np.asarray(d["weights"], dtype=np.float64), float(d["bias"]), int(d["updates"]))
+        return cls(np.asarray(d["weights"], dtype=np.float64), float(d["bias"]), int(d["updates"]),
+                   float(d.get("cost_realised", 0.0)), float(d.get("cost_expected", 0.0)))
 
 
 def group_success(episodes: Sequence[EpisodeRecord]) -> np.ndarray:
@@ -129,7 +145,18 @@ def sgd_update(
             err = float(_sigmoid(X[j] @ weights + bias)) - y[j]
             weights -= lr * (w[j] * err * X[j] + weight_decay * weights)
             bias -= lr * w[j] * err
-    return PredictorState(weights, bias, state.updates + 1)
+    return PredictorState(weights, bias, state.updates + 1, state.cost_realised, state.cost_expected)
+
+
+#: Per-update decay of the cost-calibration sums (recent updates weigh more).
+COST_DECAY = 0.7
+
+
+def calibrate_cost(state: PredictorState, realised: float, expected: float) -> PredictorState:
+    """Fold one update's realised and expected twin tokens into the cost calibration."""
+    return PredictorState(state.weights, state.bias, state.updates,
+                          COST_DECAY * state.cost_realised + float(realised),
+                          COST_DECAY * state.cost_expected + float(expected))
 
 
 def auc(scores: Sequence[float], labels: Sequence[float]) -> float:

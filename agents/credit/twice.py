@@ -122,12 +122,17 @@ def branch_probabilities(
     *,
     update: int,
     index: Optional[list[tuple[int, int]]] = None,
+    cost_scale: float = 1.0,
 ) -> tuple[np.ndarray, float, np.ndarray, float]:
-    """``(q, lambda, costs, budget)`` for every decision (see :class:`TwiceConfig`)."""
+    """``(q, lambda, costs, budget)`` for every decision (see :class:`TwiceConfig`).
+
+    ``cost_scale`` multiplies ``c_t`` when solving for the budget (the realised cost of a
+    twin per token of ``c_t``, see :attr:`PredictorState.cost_scale`).
+    """
     index = decision_index(episodes) if index is None else index
     costs = branch_costs(episodes, index)
     # J alternatives per branched decision each cost about c_t.
-    unit_costs = costs * config.n_alternatives
+    unit_costs = costs * config.n_alternatives * cost_scale
     target = config.beta * policy_tokens(episodes)
     if update < config.warmup_updates:
         return np.full(len(index), config.warmup_q), float("nan"), costs, target
@@ -153,10 +158,12 @@ def plan_branches(
     rng: np.random.Generator,
     *,
     update: int,
+    cost_scale: float = 1.0,
 ) -> BranchPlan:
     """Branch probabilities and the branch coins ``B_t ~ Bern(q_t)`` for a factual batch."""
     index = decision_index(episodes)
-    q, lam, costs, target = branch_probabilities(episodes, config, eta, update=update, index=index)
+    q, lam, costs, target = branch_probabilities(episodes, config, eta, update=update, index=index,
+                                                 cost_scale=cost_scale)
     coins = rng.random(len(index)) < q
     eta_arr = np.full(len(index), np.nan) if eta is None else np.asarray(eta, dtype=np.float64)
     return BranchPlan(index, costs, eta_arr, q, coins, lam, target)

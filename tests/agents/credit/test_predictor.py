@@ -43,3 +43,14 @@ def test_features_have_the_nine_documented_columns():
     np.testing.assert_allclose(X[0], [0.5, 0.25, 1.0, 0.5, 0.7, 1.0, 0.0, 0.2, np.log1p(8) / 6])
     np.testing.assert_allclose(X[1], [0.5, 0.25, 1.0, 0.5, 0.2, 0.0, 0.2, 0.0, np.log1p(3) / 6])
     assert X[2][2] == 0.0 and X[2][7] == 0.0
+
+
+def test_cost_calibration_tracks_realised_over_expected_tokens():
+    s = predictor.PredictorState()
+    assert s.cost_scale == 1.0
+    s = predictor.calibrate_cost(s, 50.0, 100.0)
+    assert s.cost_scale == pytest.approx(0.5)
+    s = predictor.calibrate_cost(s, 100.0, 100.0)
+    assert s.cost_scale == pytest.approx((0.7 * 50 + 100) / (0.7 * 100 + 100))
+    back = predictor.PredictorState.from_json(s.to_json())
+    assert back.cost_scale == pytest.approx(s.cost_scale)

@@ -1,0 +1,22 @@
+"""The demo's pipeline (train GRPO and Twice, eval before/after, audit, plots) on CreditToy."""
+
+from twice_envs.agents.demo import DemoConfig, run_demo
+
+from .train_helpers import small_policy
+
+
+def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
+    from twice_envs.agents import toy  # noqa: F401
+
+    cfg = DemoConfig(updates=1, questions_per_update=2, eval_questions=3, audit_questions=2, oracle_rollouts=2,
+                     out=str(tmp_path / "demo"))
+    res = run_demo(cfg, env="CreditToy-v0", progress=False, load=lambda: small_policy(0),
+                   overrides=dict(indexed_tasks=False, group_size=3, max_new_tokens=3, max_turns=3))
+    out = capsys.readouterr().out
+    assert "dev EM before" in out and "learning curves:" in out
+    for key in ("curves", "audit.png", "audit.csv"):
+        assert (tmp_path / "demo").exists()
+        from pathlib import Path
+
+        assert Path(res["paths"][key]).stat().st_size > 0
+    assert set(res) >= {"before", "grpo", "twice"}
