@@ -5,7 +5,7 @@ import pytest
 
 from twice_envs.agents import audit
 
-from .train_helpers import small_policy
+from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
 
 def test_summary_statistics_on_known_values():

@@ -2,7 +2,7 @@
 
 from twice_envs.agents.demo import DemoConfig, run_demo
 
-from .train_helpers import small_policy
+from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
 
 def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):

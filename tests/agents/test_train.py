@@ -8,7 +8,7 @@ import torch
 
 from twice_envs.agents.train import TrainConfig, evaluate, train
 
-from .train_helpers import small_policy, toy_config
+from .train_helpers import one_torch_thread, small_policy, toy_config  # noqa: F401
 
 
 @pytest.fixture(scope="module")

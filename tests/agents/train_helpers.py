@@ -73,3 +73,17 @@ def toy_config(tmp_path, **kw):
                 max_turns=3)
     base.update(kw)
     return cpu_config(**base)
+
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run fastest on one thread, and the CI machine is shared (restored afterwards)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
