@@ -86,13 +86,14 @@ def config_for_passages(passages: int, **kwargs: Any) -> GeneratorConfig:
 class Rng:
     """Platform-independent draws from the raw PCG64 stream."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, block: int = 4096) -> None:
         self._bg = np.random.PCG64(int(seed))
         self._buf: list[int] = []
+        self._block = int(block)
 
     def raw(self) -> int:
         if not self._buf:
-            self._buf = self._bg.random_raw(4096).tolist()[::-1]
+            self._buf = self._bg.random_raw(self._block).tolist()[::-1]
         return self._buf.pop()
 
     def below(self, n: int) -> int:

@@ -227,7 +227,7 @@ class SearchQAEnv(TextEnv):
         else:
             where = [self.turn, query]
         seed = int.from_bytes(hashlib.sha256(repr([self._noise_seed, *where]).encode()).digest()[:8], "little")
-        rng = Rng(seed)
+        rng = Rng(seed, block=16)
         pool = ids[: self.noise_pool]
         for i in range(len(shown)):
             if rng.random() < self.noise_epsilon:
