@@ -473,6 +473,7 @@ def models_main(argv: Sequence[str]) -> int:
     b.add_argument("--steps", type=int, default=None, help="training steps")
     b.add_argument("--episodes", type=int, default=None, help="scripted episodes per env")
     b.add_argument("--envs", default=None, help="comma-separated env ids (default: SearchQA-v0,WebShop-v0,ALFWorld-v0)")
+    b.add_argument("--threads", type=int, default=0, help="CPU threads for training (default: torch's)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
@@ -484,6 +485,7 @@ def models_main(argv: Sequence[str]) -> int:
             cfg.steps = args.steps
         if args.episodes is not None:
             cfg.episodes_per_env = args.episodes
+        cfg.threads = args.threads
         if args.envs:
             cfg.envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
         out = Path(args.out) if args.out else tiny_path()

@@ -192,3 +192,52 @@ def make_vllm_processor_class(newline_table: Optional[torch.Tensor] = None) -> t
             return self.state.apply(logits)
 
     return TwiceKeyedLogitsProcessor
+
+
+class VLLMPolicy:
+    """A :class:`~twice_envs.agents.policy.Policy` on a vLLM engine with the keyed processor.
+
+    ``model`` is ``None`` (vLLM holds the weights; train with the transformers backend).
+    Log-probs are vLLM's raw log-probs of the emitted tokens, which equal the sampling
+    distribution's at ``temperature = 1`` and ``top_p = 1``; ``entropy`` is not reported (0).
+    Create it under ``if __name__ == "__main__":`` (vLLM starts worker processes).
+    """
+
+    def __init__(self, path: str, **engine_kwargs: Any) -> None:
+        from twice_envs._deps import require
+
+        require("vllm", "vllm", "the vLLM backend")
+        from transformers import AutoTokenizer
+        from vllm import LLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        self.model = None
+        engine_kwargs.setdefault("logprobs_mode", "raw_logprobs")
+        self.llm = LLM(model=path, logits_processors=[make_vllm_processor_class()], **engine_kwargs)
+
+    def generate(self, requests: Sequence[Any], sampling: Any) -> list:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        from twice_envs.agents.policy import Generation
+
+        params = [
+            SamplingParams(
+                max_tokens=sampling.max_new_tokens, temperature=0.0 if sampling.greedy else 1.0, top_p=1.0,
+                stop=list(r.stop) or None, include_stop_str_in_output=True, logprobs=0,
+                extra_args=None if sampling.greedy else keyed_extra_args(
+                    r.noise_key, temperature=sampling.temperature, top_p=sampling.top_p, key_mode=sampling.key_mode,
+                    token_counter=r.token_counter),
+            )
+            for r in requests
+        ]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(r.prompt_ids)) for r in requests], params,
+                                 use_tqdm=False)
+        result = []
+        for o in outs:
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            lps = [float(step[t].logprob) if step and t in step else 0.0 for t, step in zip(ids, c.logprobs or [])]
+            reason = "stop" if c.finish_reason == "stop" else "length"
+            result.append(Generation(c.text, ids, lps + [0.0] * (len(ids) - len(lps)), 0.0, reason))
+        return result

@@ -1,0 +1,85 @@
+"""Model building and loading, chat sequences, the rollout CLI and the agent benchmarks."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+import twice_envs
+from tests.agents._tiny import tiny_dir, tiny_policy
+from twice_envs.agents import models
+from twice_envs.agents.bench import rollout_main as bench_rollout_main
+from twice_envs.agents.bench import sampler_main
+from twice_envs.agents.rollout_cli import load_episodes, rollout_main
+from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
+from twice_envs.play import replay_main
+
+
+def test_build_tiny_cli_writes_a_loadable_model(tmp_path, capsys):
+    out = tmp_path / "tiny"
+    rc = models.models_main(["build-tiny", "--out", str(out), "--steps", "2", "--episodes", "4", "--threads", "1",
+                             "--envs", "CoinChain-v0,NoSuchEnv-v0"])
+    assert rc == 0 and (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
+    meta = (out / "twice_model.json").read_text()
+    assert "CoinChain-v0" in meta and "NoSuchEnv-v0\": " not in meta
+    from twice_envs.agents.policy import HFPolicy
+
+    p = HFPolicy.from_pretrained(out)
+    n = sum(x.numel() for x in p.model.parameters())
+    assert 0.5e6 < n < 3e6  # the default architecture: ~1M parameters
+    assert models.models_main(["build-tiny", "--out", str(out)]) == 0
+    assert "already built" in capsys.readouterr().out
+
+
+def test_unknown_model_names_say_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="never downloaded"):
+        models.resolve_model_dir(str(tmp_path / "missing"))
+
+
+def test_scripted_searchqa_transcripts_mix_good_and_bad_decisions():
+    if "SearchQA-v0" not in twice_envs.registry:
+        pytest.skip("SearchQA-v0 is not available")
+    eps = models.scripted_episodes("SearchQA-v0", 30, seed=0, skill_range=(0.2, 0.95))
+    rewards = []
+    for first_obs, turns in eps:
+        assert turns
+        rewards.append(sum("<answer>" in a for a, _ in turns))
+    env = twice_envs.make("SearchQA-v0")
+    utilities = []
+    for i, (_, turns) in enumerate(eps):
+        env.reset(seed=i)
+        utilities.append(sum(env.step(a)[1] for a, _ in turns if not env.done))
+    assert 0 < sum(u > 0 for u in utilities) < len(utilities)  # some succeed, some fail
+
+
+def test_observation_ids_follow_the_chat_template():
+    tok = tiny_policy().tokenizer
+    prompt = initial_prompt_ids(tok, "first")
+    action = tok.encode("look", add_special_tokens=False)
+    ids = prompt + action + observation_ids(tok, "You are at 1.")
+    expect = tok.apply_chat_template(
+        [{"role": "user", "content": "first"}, {"role": "assistant", "content": "look"},
+         {"role": "user", "content": "You are at 1."}], tokenize=False, add_generation_prompt=True)
+    assert tok.decode(ids) == expect
+
+
+def test_rollout_cli_output_replays(tmp_path, capsys):
+    out = tmp_path / "eps.jsonl"
+    rc = rollout_main(["--env", "CoinChain-v0", "--model", str(tiny_dir()), "--episodes", "2", "--group", "2",
+                       "--out", str(out), "--max-new-tokens", "8", "--max-turns", "3"])
+    assert rc == 0
+    eps = load_episodes(out)
+    assert len(eps) == 4 and all(e.turns and e.trajectory for e in eps)
+    assert replay_main([str(out), "--import", "tests.toy_envs"]) == 0
+    assert "4/4 episodes replay exactly" in capsys.readouterr().out
+
+
+def test_benchmarks_quick(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path))
+    shutil.copytree(tiny_dir(), tmp_path / "models" / "tiny")
+    assert sampler_main(["--quick"]) == 0
+    assert bench_rollout_main(["--quick", "--env", "CoinChain-v0"]) == 0
+    out = capsys.readouterr().out
+    assert "overhead" in out and "tiny" in out
+    assert "generated tokens/s" in out and "prefix reuse: twin continuation time" in out

@@ -1,0 +1,26 @@
+"""Generate with vLLM and the keyed processor; prints JSON token ids (run as a script: vLLM spawns workers)."""
+
+import json
+import sys
+
+
+def main() -> None:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from twice_envs.agents.vllm_processor import keyed_extra_args, make_vllm_processor_class
+    from twice_envs.keys import NoiseKey
+
+    spec = json.loads(sys.argv[1])
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, enforce_eager=True,
+              logits_processors=[make_vllm_processor_class()], enable_prefix_caching=False, seed=0)
+    params = [SamplingParams(max_tokens=spec["max_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+                             extra_args=keyed_extra_args(NoiseKey(*r["key"]), temperature=spec["temperature"],
+                                                         top_p=spec["top_p"]))
+              for r in spec["requests"]]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=r["prompt"]) for r in spec["requests"]], params)
+    print("VLLM_TOKENS " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+
+
+if __name__ == "__main__":
+    main()
