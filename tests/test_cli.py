@@ -36,9 +36,8 @@ def test_envs_lists_ids():
     out = twice("envs")
     assert out.returncode == 0
     for env_id in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0"):
-        if env_id in out.stdout:
-            line = next(l for l in out.stdout.splitlines() if l.startswith(env_id))
-            assert len(line.split(None, 1)) == 2  # id and a description
+        line = next(l for l in out.stdout.splitlines() if l.startswith(env_id + " "))
+        assert len(line.split(None, 1)) == 2  # id and a description
 
 
 def test_play_fork_undo_save_then_replay(tmp_path):

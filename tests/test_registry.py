@@ -56,7 +56,16 @@ def test_missing_extra_names_pip_command():
         require("no_such_module_for_twice", "search", "BM25 retrieval")
 
 
-def test_builtin_ids_are_registered():
-    for env_id in ["SearchQA-v0", "ALFWorld-v0", "WebShop-v0"]:
-        if env_id in twice_envs.registry:
-            assert twice_envs.descriptions[env_id]
+def test_builtin_ids_are_registered_without_importing_their_dependencies():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, twice_envs\n"
+        "ids = ['SearchQA-v0', 'ALFWorld-v0', 'WebShop-v0']\n"
+        "assert all(i in twice_envs.registry and twice_envs.descriptions[i] for i in ids), ids\n"
+        "heavy = [m for m in ('torch', 'bm25s', 'alfworld', 'textworld', 'transformers', 'faiss') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
