@@ -1,14 +1,16 @@
 """``twice bench alfworld``: step overhead against the raw engine, fork cost against loading, throughput.
 
-All figures come from one run on one bundled game, with baselines measured in the
-same run:
+All figures come from one run on one game (bundled by default, ``--data-dir`` for real
+data), with baselines measured in the same run:
 
 * **raw engine**: ALFWorld's text env as its own trainers build it
   (``textworld.start(game.tw-pddl, wrappers=[AlfredDemangler, AlfredInfos])``),
   measured twice: *plain* in a child process where nothing is cached (what ALFWorld
-  costs out of the box), and *same-engine* in this process, alternating with
-  ``ALFWorld-v0`` run for run, where the engine shares our parse and translation
-  caches, so the difference is the wrapper alone (action parsing, records, digests).
+  costs out of the box), and *same engine* in this process, stepped in lockstep with
+  ``ALFWorld-v0`` on the same actions (the engine shares our caches, so the
+  difference is the wrapper: action parsing, records, digests). On a busy machine the
+  per-action best of several runs is the stable figure; the wrapper's own cost is also
+  timed directly with the engine's answer stored.
 * **fork(t)** of an episode at turn t (reset a pooled engine, replay t actions,
   verify digests) against loading the game fresh in the plain engine.
 * **steps/s** of random admissible episodes in 1 and 2 worker processes.
