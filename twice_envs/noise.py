@@ -31,6 +31,7 @@ share one definition of the top-p nucleus, see :func:`nucleus_mask`.
 from __future__ import annotations
 
 import math
+import threading
 from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -195,10 +196,16 @@ def gumbel_np(rows: np.ndarray, vocab_size: int, token_ids: Optional[np.ndarray]
 # --------------------------------------------------------------------------- torch
 
 
-def _torch():
-    from twice_envs._deps import require
+_TORCH = None
 
-    return require("torch", "torch", "keyed noise in torch")
+
+def _torch():
+    global _TORCH
+    if _TORCH is None:
+        from twice_envs._deps import require
+
+        _TORCH = require("torch", "torch", "keyed noise in torch")
+    return _TORCH
 
 
 def key_tensor(keys: Union[Sequence[NoiseKey], np.ndarray, "torch.Tensor"], device=None) -> "torch.Tensor":
@@ -291,6 +298,26 @@ def _token_keys_device(rows: "torch.Tensor") -> "torch.Tensor":
 _CHUNK_CALLS = 1 << 14
 
 
+_WORKSPACE = threading.local()
+
+
+def _scratch(name: str, numel: int, dtype: "torch.dtype", device: "torch.device") -> "torch.Tensor":
+    """A flat scratch tensor reused across calls (per thread, name, dtype and device).
+
+    Chunk buffers are small (about a megabyte); keeping them avoids paying fresh
+    pages on every call, which costs as much as the arithmetic for small blocks.
+    """
+    torch = _torch()
+    cache = getattr(_WORKSPACE, "bufs", None)
+    if cache is None:
+        cache = _WORKSPACE.bufs = {}
+    key = (name, dtype, str(device))
+    buf = cache.get(key)
+    if buf is None or buf.numel() < numel:
+        buf = cache[key] = torch.empty(max(numel, 1), dtype=dtype, device=device)
+    return buf[:numel]
+
+
 class _Block:
     """Philox4x32-10 over counters ``(q, 0, 0, 0)`` for a batch of keys.
 
@@ -311,15 +338,18 @@ class _Block:
         self.B = B = keys.shape[0]
         self.k0 = keys[:, 0:1].to(torch.int64)
         self.k1 = keys[:, 1:2].to(torch.int64)
+        consts = _constants(device)
+        self.mult = consts["mult"]
         # round r (0-based) uses key + r * W; X = (hi(p0) ^ c3 ^ k1, hi(p1) ^ c1 ^ k0)
         kk = torch.stack((self.k1, self.k0)).unsqueeze(0)  # (1, 2, B, 1)
-        steps = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device).view(-1, 1, 1, 1)
-        weyl = torch.tensor([PHILOX_W1, PHILOX_W0], dtype=torch.int64, device=device).view(1, 2, 1, 1)
-        self.kx = (kk + steps * weyl).bitwise_and_(MASK32)  # (rounds, 2, B, 1)
-        self.mult = torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(2, 1, 1)
-        # slots: E (2) | P (2) | P of the previous round (2); X (2) separately
-        self.state = torch.empty(6 * B * n_max, dtype=torch.int64, device=device)
-        self.x = torch.empty(2 * B * n_max, dtype=torch.int64, device=device)
+        kx = (kk + consts["weyl"]).bitwise_and_(MASK32)  # (rounds, 2, B, 1)
+        self.kx = kx.unbind(0)
+        # round-2 row terms: p0 = k0 * M0 and hi(p0) ^ k1 of round 2
+        self.ka0 = kx[1, 1]
+        self.p0 = self.k0 * PHILOX_M0
+        self.row_c2 = ((self.p0 >> 32) ^ kx[1, 0]) & MASK32
+        self._views: dict = {}
+        self.state = _scratch("state", 6 * B * n_max, torch.int64, device)
         self.device = device
 
     def run(self, q_start: int, q_stop: int) -> "torch.Tensor":
@@ -329,39 +359,92 @@ class _Block:
         """
         torch = self.torch
         n = q_stop - q_start
-        S = self.state[: 6 * self.B * n].view(6, self.B, n)
-        X = self.x[: 2 * self.B * n].view(2, self.B, n)
-        E, P, Pp = S[0:2], S[2:4], S[4:6]
-        q = torch.arange(q_start, q_stop, dtype=torch.int64, device=self.device).unsqueeze(0)
-        # Round 1 on counter (q, 0, 0, 0): q < 2**31 so q * M0 < 2**63 (exact shifts);
-        # state after it: c0 = k0 (row), c1 = 0, c2 = hi(q M0) ^ k1, c3 = lo(q M0) (column).
-        pq = q * PHILOX_M0
-        hq, lq = pq >> 32, pq & MASK32
-        ka0, ka1 = self.kx[1][1], self.kx[1][0]
+        views = self._views.get(n)
+        if views is None:
+            views = self._views[n] = self._make_views(n)
+        S, bufs = views
+        # Three rotating buffers: E (state words c0, c2), L (last products, whose low
+        # halves are c3, c1) and a free one F. Starting from E = S[2:4], L = S[4:6],
+        # the eight rotations below leave E in S[0:2] and L in S[2:4].
+        F, E, L = bufs
+        # Round 1 on counter (q, 0, 0, 0): state c0 = k0 (row), c1 = 0,
+        # c2 = hi(q M0) ^ k1, c3 = lo(q M0) (column).
+        hq, lq = _columns(self.device, q_start, q_stop)
         # Round 2: p1 = c2 * M1 over the block, p0 = k0 * M0 per row.
-        torch.bitwise_xor(hq, self.k1, out=P[1])
-        P[1].mul_(PHILOX_M1)
-        p0 = self.k0 * PHILOX_M0
-        torch.bitwise_right_shift(P[1], 32, out=E[0])
-        E[0].bitwise_xor_(ka0).bitwise_and_(MASK32)
-        torch.bitwise_xor(lq, ((p0 >> 32) ^ ka1) & MASK32, out=E[1])
-        P[0].copy_(p0.expand(-1, n))
-        for r in range(2, PHILOX_ROUNDS):  # an even number of swaps: P ends in slots 2:4
-            P, Pp = Pp, P
-            torch.mul(E, self.mult, out=P)  # (c0 M0, c2 M1): wraps in int64, low 64 bits exact
-            torch.bitwise_right_shift(P, 32, out=X)
-            X.bitwise_xor_(Pp).bitwise_xor_(self.kx[r])  # (c2', c0') above bit 31 garbage
-            torch.bitwise_and(X[1], MASK32, out=E[0])
-            torch.bitwise_and(X[0], MASK32, out=E[1])
+        torch.bitwise_xor(hq, self.k1, out=L[2])
+        L[2].mul_(PHILOX_M1)
+        torch.bitwise_right_shift(L[2], 32, out=E[1])
+        E[1].bitwise_xor_(self.ka0).bitwise_and_(MASK32)
+        torch.bitwise_xor(lq, self.row_c2, out=E[2])
+        L[1].copy_(self.p0.expand(-1, n))
+        # Little-endian int32 views (index 3): int64 element i is int32 elements 2i
+        # (low) and 2i + 1 (high). One xor of F32[1:] with L32[:-1] puts
+        # hi(F_i) ^ lo(L_i) into the low half of element i (the high half gets
+        # garbage, masked below): the shift and the xor in one pass.
+        for r in range(2, PHILOX_ROUNDS):
+            torch.mul(E[0], self.mult, out=F[0])  # (c0 M0, c2 M1): wraps in int64, low 64 bits exact
+            torch.bitwise_xor(F[3][1:], L[3][:-1], out=E[3][:-1])  # E's words are spent
+            E[0].bitwise_xor_(self.kx[r])  # (c2', c0') with garbage above bit 31
+            torch.bitwise_and(E[2], MASK32, out=L[1])
+            torch.bitwise_and(E[1], MASK32, out=L[2])
+            E, L, F = L, F, E
         return S[0:4]
 
+    def _make_views(self, n: int):
+        torch = self.torch
+        S = self.state[: 6 * self.B * n].view(6, self.B, n)
+        bufs = []
+        for i in range(3):
+            b = S[2 * i : 2 * i + 2]
+            bufs.append((b, b[0], b[1], b.reshape(-1).view(torch.int32)))
+        return S, bufs
 
-def _scatter_words(slots: "torch.Tensor", out: "torch.Tensor") -> None:
-    """Copy ``(4, B, n)`` slots ``(c0, c2, c3, c1)`` into ``out`` ``(B, n, 4)`` word order."""
-    ov = out.permute(2, 0, 1)
-    ov[0::2].copy_(slots[0:2])
-    ov[1].copy_(slots[3])
-    ov[3].copy_(slots[2])
+
+def _constants(device: "torch.device") -> dict:
+    """Per-device constant tensors of the block kernel (cached)."""
+    cache = _CONSTANTS.get(str(device))
+    if cache is None:
+        torch = _torch()
+        steps = torch.arange(PHILOX_ROUNDS, dtype=torch.int64, device=device).view(-1, 1, 1, 1)
+        weyl = torch.tensor([PHILOX_W1, PHILOX_W0], dtype=torch.int64, device=device).view(1, 2, 1, 1)
+        cache = _CONSTANTS[str(device)] = {
+            "mult": torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(2, 1, 1),
+            "weyl": steps * weyl,
+            "cols": None,
+        }
+    return cache
+
+
+_CONSTANTS: dict = {}
+
+
+def _columns(device: "torch.device", q_start: int, q_stop: int) -> Tuple["torch.Tensor", "torch.Tensor"]:
+    """``(hi(q M0), lo(q M0))`` for ``q`` in ``[q_start, q_stop)``, each ``(1, n)`` (cached).
+
+    ``q < 2**31`` so ``q * M0 < 2**63``: the shift needs no mask.
+    """
+    consts = _constants(device)
+    cols = consts["cols"]
+    if cols is None or cols[0].shape[1] < q_stop:
+        torch = _torch()
+        size = max(q_stop, 1 << 12)
+        if size > 1 << 30:
+            raise ValueError("vocabulary too large for the noise counter")
+        pq = torch.arange(size, dtype=torch.int64, device=device).unsqueeze(0) * PHILOX_M0
+        cols = consts["cols"] = (pq >> 32, pq & MASK32)
+    return cols[0][:, q_start:q_stop], cols[1][:, q_start:q_stop]
+
+
+def _scatter_words(slots: "torch.Tensor", out: "torch.Tensor", negate: bool = False) -> None:
+    """Copy (or negate) ``(4, B, n)`` slots ``(c0, c2, c3, c1)`` into ``out`` ``(B, n, 4)``."""
+    # one 2-D op per word: a single copy over a (2, B, n) view would iterate its
+    # innermost loop over the 2 slots
+    torch = _torch()
+    for word, slot in enumerate(_Block.SLOT_OF_WORD):
+        if negate:
+            torch.neg(slots[slot], out=out[..., word])
+        else:
+            out[..., word].copy_(slots[slot])
 
 
 def _chunks(B: int, Q: int):
@@ -420,9 +503,8 @@ def _words_to_gumbel(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tenso
 
 def _words_to_neglog_u(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
     """``out = -log(u)``, ``u = (w + 0.5) / 2**32`` exact in float64 (33 significant bits)."""
-    torch = _torch()
-    torch.add(words, torch.tensor(0.5, dtype=torch.float64, device=words.device), out=out)
-    return out.mul_(2.0**-32).log_().neg_()
+    out.copy_(words)  # exact: w < 2**32
+    return out.add_(0.5).mul_(2.0**-32).log_().neg_()
 
 
 def uniforms_torch(
@@ -458,8 +540,8 @@ def gumbel_torch(
     Q = (V + 3) // 4
     n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
     block = _Block(keys, n_max)
-    f64 = torch.empty(4 * B * n_max, dtype=torch.float64, device=keys.device)
-    low = torch.empty(4 * B * n_max, dtype=dtype, device=keys.device) if dtype != torch.float64 else None
+    f64 = _scratch("f64", 4 * B * n_max, torch.float64, keys.device)
+    low = _scratch("low", 4 * B * n_max, dtype, keys.device) if dtype != torch.float64 else None
     out = torch.empty((B, Q, 4), dtype=dtype, device=keys.device)
     for s, e in _chunks(B, Q):
         n = e - s
@@ -467,14 +549,14 @@ def gumbel_torch(
         slots[2:4].bitwise_and_(MASK32)
         t = _words_to_neglog_u(slots, f64[: 4 * B * n].view(4, B, n))
         if low is None:
-            g = t.log_().neg_()
+            h = t.log_()
         else:
             # -log(u) needs float64 (u is within 2**-33 of 1); its log only needs the
             # output precision.
-            g = low[: 4 * B * n].view(4, B, n)
-            g.copy_(t)
-            g.log_().neg_()
-        _scatter_words(g, out[:, s:e])
+            h = low[: 4 * B * n].view(4, B, n)
+            h.copy_(t)
+            h.log_()
+        _scatter_words(h, out[:, s:e], negate=True)  # g = -log(-log(u))
     return _trim(out.view(B, 4 * Q), V)
 
 
@@ -638,18 +720,18 @@ def _argmax_full(x: "torch.Tensor", scale: float, key_rows: "torch.Tensor") -> "
     Q = (V + 3) // 4
     n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
     block = _Block(keys, n_max)
-    g_slots = torch.empty(4 * B * n_max, dtype=torch.float64, device=x.device)
-    g_words = torch.empty(4 * B * n_max, dtype=torch.float64, device=x.device)
-    val = torch.empty((B, 4 * n_max), dtype=torch.float64, device=x.device)
+    g_slots = _scratch("f64", 4 * B * n_max, torch.float64, x.device)
+    g_words = _scratch("f64b", 4 * B * n_max, torch.float64, x.device)
+    val = _scratch("f64c", 4 * B * n_max, torch.float64, x.device).view(B, 4 * n_max)
     best = torch.full((B,), -math.inf, dtype=torch.float64, device=x.device)
     best_id = torch.zeros(B, dtype=torch.int64, device=x.device)
     for s, e in _chunks(B, Q):
         n, lo, hi = e - s, 4 * s, min(V, 4 * e)
         slots = block.run(s, e)
         slots[2:4].bitwise_and_(MASK32)
-        g = _words_to_gumbel(slots, g_slots[: 4 * B * n].view(4, B, n))
+        h = _words_to_neglog_u(slots, g_slots[: 4 * B * n].view(4, B, n)).log_()
         gw = g_words[: 4 * B * n].view(B, n, 4)
-        _scatter_words(g, gw)
+        _scatter_words(h, gw, negate=True)
         v = val[:, : hi - lo]
         v.copy_(x[:, lo:hi])
         if scale != 1.0:
