@@ -284,7 +284,16 @@ class HFPolicy:
             if torch.get_num_threads() != old:
                 torch.set_num_threads(old)
 
+    def _weights_version(self) -> int:
+        # Every in-place update of a parameter (optimiser steps, load_state_dict) bumps
+        # its version counter, so the sum changes whenever the weights may have changed.
+        return sum(p._version for p in self.model.parameters())
+
     def _generate(self, requests, sampling, processor) -> list[Generation]:
+        version = self._weights_version()
+        if version != getattr(self, "_cached_version", None):
+            self.prefix_cache.clear()  # kept key/value caches belong to the old weights
+            self._cached_version = version
         t_start = time.perf_counter()
         n = len(requests)
         dev = self.device

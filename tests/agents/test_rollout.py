@@ -184,3 +184,17 @@ def test_rollouts_and_twins_on_the_real_envs(env_id):
     for e, tw in zip(eps, twins):
         assert tw.twin_of[1] == 0 and len(tw.turns) <= e.info["turn_cap"]
         assert twice_envs.first_divergence(tw.trajectory) is None
+
+
+def test_prefix_cache_is_dropped_when_the_weights_change():
+    from twice_envs.agents.policy import GenerationRequest, HFPolicy
+
+    policy = HFPolicy.from_pretrained(tiny_dir())
+    req = [GenerationRequest(list(range(5, 40)), NoiseKey(1, 0, 0))]
+    policy.generate(req, SAMPLING)
+    assert len(policy.prefix_cache) > 0
+    assert policy.generate(req, SAMPLING)[0].reused_tokens > 0
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.mul_(1.01)
+    assert policy.generate(req, SAMPLING)[0].reused_tokens == 0
