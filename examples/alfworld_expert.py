@@ -4,7 +4,7 @@ Needs the engine: pip install 'twice-envs[alfworld]'
 """
 
 import twice_envs
-from twice_envs.envs.alfworld.expert import ALFWorldExpert
+from twice_envs.envs.alfworld.expert import ALFWorldExpert, as_turn
 
 env = twice_envs.make("ALFWorld-v0")
 obs, info = env.reset(seed=7)
@@ -12,7 +12,7 @@ print(obs)
 expert = ALFWorldExpert(timeout_s=20)
 while not env.done:
     command = expert.act(env)
-    obs, reward, terminated, truncated, info = env.step(f"<action>{command}</action>")
+    obs, reward, terminated, truncated, info = env.step(as_turn(command))
     print(f"> {command}\n{obs}")
 print(f"won: {info['won']} in {env.turn} turns, reward {reward}")
 

@@ -28,6 +28,11 @@ from twice_envs.envs.alfworld import engine as _engine
 from twice_envs.envs.alfworld.env import ALFWorldEnv, parse_action
 
 
+def as_turn(command: str) -> str:
+    """A command in the env's turn format (what a model imitating the expert should write)."""
+    return f"<action>{command}</action>"
+
+
 class ExpertError(TwiceError):
     """The expert cannot act (no plan from this state, or not an ALFWorld env)."""
 
