@@ -261,8 +261,14 @@ class HFPolicy:
 
     # The forward pass is split from the sampler so benchmarks can time each.
     def _forward(self, ids, mask, pos, cache):
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True,
-                         logits_to_keep=1)
+        # transformers renamed ``past_key_values`` to ``cache`` in 5.2x; pass the one the model takes
+        if not hasattr(self, "_cache_kwarg"):
+            import inspect
+
+            params = inspect.signature(self.model.forward).parameters
+            self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **{self._cache_kwarg: cache})
         return out.logits[:, -1, :], getattr(out, "cache", None) or getattr(out, "past_key_values", None)
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig, *,
