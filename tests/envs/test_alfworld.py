@@ -123,6 +123,7 @@ def _real_layout(root, games: dict) -> None:
 
 
 def test_real_data_layout_is_discovered_sorted_and_played(tmp_path, monkeypatch):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
     bundled = twice_envs.make("ALFWorld-v0", task_types=["pick_and_place_simple"])
     bundled.reset(seed=0, options={"index": 0})
     game = bundled.game.as_json()
@@ -144,10 +145,12 @@ def test_real_data_layout_is_discovered_sorted_and_played(tmp_path, monkeypatch)
     for command in bundled.game.walkthrough:
         _, reward, terminated, _, _ = e.step(command)
     assert terminated and reward == 1.0
-    assert len(list_games(str(tmp_path), "train", TASK_TYPES)) == 3  # cached index, heat game included
+    assert len(list_games(str(tmp_path), "train", TASK_TYPES)) == 3  # heat game included
+    assert len(list((tmp_path / "cache" / "alfworld" / "index").glob("*.json"))) == 1  # the index is cached on disk
 
 
 def test_bad_data_gives_one_clear_error_each(tmp_path, monkeypatch):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataFormatError, match="no ALFWorld games.*alfworld-download"):
         twice_envs.make("ALFWorld-v0", data_dir=str(tmp_path / "empty"))
