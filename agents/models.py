@@ -75,9 +75,9 @@ class TinyModelConfig:
     """Key/value heads (grouped-query attention)."""
     intermediate_size: int = 384
     """MLP width."""
-    max_len: int = 1024
+    max_len: int = 768
     """Training sequences are cut to this many tokens."""
-    steps: int = 300
+    steps: int = 250
     """Optimiser steps of supervised training."""
     batch_size: int = 8
     """Sequences per step."""
@@ -85,8 +85,9 @@ class TinyModelConfig:
     """Peak AdamW learning rate (linear warm-up, cosine decay)."""
     seed: int = 0
     """Seed of the env tasks, the skills and the initialisation."""
-    threads: int = 0
-    """CPU threads for training (0: torch's default)."""
+    threads: int = 1
+    """CPU threads for training (0: torch's default). One by default: on a shared 2-core machine,
+    OpenMP threads waiting for a busy core slow the small matrices of this model down many times."""
 
 
 # ----------------------------------------------------------------------------- cache
@@ -473,7 +474,7 @@ def models_main(argv: Sequence[str]) -> int:
     b.add_argument("--steps", type=int, default=None, help="training steps")
     b.add_argument("--episodes", type=int, default=None, help="scripted episodes per env")
     b.add_argument("--envs", default=None, help="comma-separated env ids (default: SearchQA-v0,WebShop-v0,ALFWorld-v0)")
-    b.add_argument("--threads", type=int, default=0, help="CPU threads for training (default: torch's)")
+    b.add_argument("--threads", type=int, default=1, help="CPU threads for training (0: torch's default)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
