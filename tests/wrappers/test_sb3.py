@@ -162,6 +162,7 @@ def test_real_envs_pass_sb3_checker(env_id):
     require_env(env_id)
     env = IndexActionEnv(env_id, max_actions=64)
     sb3_check_env(env)
+    gym_check_env(IndexActionEnv(env_id, max_actions=64), skip_render_check=True)
     obs, info = env.reset(seed=0)
     mask = env.action_masks()
     assert mask.any()

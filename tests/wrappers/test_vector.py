@@ -305,9 +305,15 @@ def test_gymnasium_checker_accepts_the_sub_env(env_id):
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*different from the unwrapped version")
 @pytest.mark.parametrize("env_id", list(REAL_ENVS))
 def test_real_envs_sync_equals_async_and_fork(env_id):
     require_env(env_id)
+    check = twice_envs.make_vec(env_id, 1, seeds=0)
+    try:
+        gym_check_env(check.envs[0], skip_render_check=True)
+    finally:
+        check.close()
     logs, records = [], []
     for mode in MODES:
         vec = twice_envs.make_vec(env_id, 2, mode, seeds=[3, 3], autoreset_mode="disabled")
