@@ -173,6 +173,20 @@ def test_candidate_words_and_gumbel_match_numpy():
     np.testing.assert_allclose(N.uniforms_torch(t, V, token_ids=torch.from_numpy(ids)).numpy(), N.uniforms_np(rows, V, ids), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("few", [0, 10_000])
+def test_single_id_words_both_paths(few, monkeypatch):
+    monkeypatch.setattr(N, "_FEW_IDS", few)  # tensor path / Python-int path
+    rng = np.random.default_rng(12)
+    rows = random_rows(rng, 3)
+    V = 2**20 + 3
+    ids = rng.integers(0, V, size=(3, 7))
+    ids[0, 0], ids[1, 1] = V - 1, 0
+    got = N.philox_words_torch(torch.from_numpy(rows), V, token_ids=torch.from_numpy(ids))
+    np.testing.assert_array_equal(got.numpy(), N.philox_words_np(rows, V, ids))
+    x = torch.from_numpy((rng.standard_normal((3, 500)) * 30).astype(np.float32))
+    assert torch.equal(N.keyed_sample(x, torch.from_numpy(rows)), N.keyed_sample(x, torch.from_numpy(rows), shortcut=False))
+
+
 def test_gumbel_block_matches_numpy():
     rows = random_rows(np.random.default_rng(6), 4)
     V = 4098

@@ -17,6 +17,7 @@ and prints microseconds per block and each ratio to ``rand``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from typing import Callable, List, Sequence
@@ -39,6 +40,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         default=1,
         help="torch intra-op threads (default 1: torch.rand is serial, so both sides get one core; 0: torch's default)",
     )
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: elapsed time; cpu: this thread's CPU time (steadier on a shared machine; needs --threads 1)",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (smoke test)")
     args = p.parse_args(argv)
     if args.quick:
@@ -46,17 +53,19 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _median_times(fns: List[Callable[[], object]], repeats: int, sync: Callable[[], None]) -> List[float]:
+def _median_times(
+    fns: List[Callable[[], object]], repeats: int, sync: Callable[[], None], clock: Callable[[], float]
+) -> List[float]:
     for fn in fns:  # warm-up (allocator, first-call dispatch)
         fn()
     sync()
     times: List[List[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
-            times[i].append(time.perf_counter() - t0)
+            times[i].append(clock() - t0)
     return [statistics.median(t) * 1e6 for t in times]
 
 
@@ -81,13 +90,18 @@ def _run(args: argparse.Namespace, torch) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("twice bench noise: no CUDA device here; use --device cpu")
         return 2
+    if args.clock == "cpu" and (device.type != "cpu" or torch.get_num_threads() != 1):
+        print("twice bench noise: --clock cpu measures one CPU thread; use it with --device cpu --threads 1")
+        return 2
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     gen = torch.Generator().manual_seed(1234)
     tau, top_p = args.temperature, args.top_p
 
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     print(
-        f"keyed noise benchmark: torch {torch.__version__}, device {device}, "
-        f"{torch.get_num_threads()} threads, temperature {tau}, top_p {top_p}, median of {args.repeats}"
+        f"keyed noise benchmark: torch {torch.__version__}, device {device}, {torch.get_num_threads()} threads, "
+        f"{args.clock} clock, temperature {tau}, top_p {top_p}, median of {args.repeats}{load}"
     )
     header = (
         f"{'batch':>5} {'vocab':>7} | {'rand us':>9} | {'keyed us':>9} {'x rand':>6} | "
@@ -119,7 +133,7 @@ def _run(args: argparse.Namespace, torch) -> int:
                 return noise.keyed_sample(flat, rows, temperature=tau, top_p=top_p)
 
             t_rand, t_keyed, t_peak, t_flat = _median_times(
-                [rand_gumbel, keyed, sample_peaked, sample_flat], args.repeats, sync
+                [rand_gumbel, keyed, sample_peaked, sample_flat], args.repeats, sync, clock
             )
             print(
                 f"{B:>5} {V:>7} | {t_rand:>9.0f} | {t_keyed:>9.0f} {t_keyed / t_rand:>6.2f} | "

@@ -294,7 +294,8 @@ def _token_keys_device(rows: "torch.Tensor") -> "torch.Tensor":
 
 
 # Philox calls (4 vocabulary ids each) per chunk of the block kernel, summed over the
-# batch: the working set (4 stacked int64 buffers + the float output) stays in L2.
+# batch: the working set (6 int64 slots + the float64/float32 chunk, ~1.8 MB) stays
+# in the L2/L3 caches while ops stay large enough to amortise their dispatch.
 _CHUNK_CALLS = 1 << 14
 
 
@@ -322,10 +323,12 @@ class _Block:
     """Philox4x32-10 over counters ``(q, 0, 0, 0)`` for a batch of keys.
 
     The state is kept stacked, ``E = (c0, c2)`` (the words that get multiplied) and
-    ``P = (c0 * M0, c2 * M1)`` (whose low halves become ``c3, c1``), so each round is
-    six tensor ops on ``(2, B, n)`` buffers with no allocation; the first round and a
-    half of a zero counter depend on the row or the column only and are formed on
-    ``(B, 1)`` / ``(1, n)`` tensors.
+    ``L = (c0 * M0, c2 * M1)`` of the previous round (whose low halves are ``c3, c1``),
+    so each round is five tensor ops on ``(2, B, n)`` int64 buffers (multiply; shift
+    and xor in one int32 pass; key xor; mask into the next ``E``, swapping the halves)
+    with no allocation. The first round and a half of a zero counter depend on the
+    row or the column only and are formed on ``(B, 1)`` / ``(1, n)`` tensors.
+    All four output words of a call are used, for four consecutive vocabulary ids.
     """
 
     #: word j of a call sits in slot SLOT_OF_WORD[j] of :meth:`run`'s result
@@ -352,13 +355,15 @@ class _Block:
         self.state = _scratch("state", 6 * B * n_max, torch.int64, device)
         self.device = device
 
-    def run(self, q_start: int, q_stop: int) -> "torch.Tensor":
+    def run(self, q_start: int, q_stop: int, q: Optional["torch.Tensor"] = None) -> "torch.Tensor":
         """``(4, B, n)`` int64: slots ``(c0, c2, c3, c1)`` of the output (c3/c1 unmasked).
 
-        A view of the internal buffer, overwritten by the next call.
+        Counters ``q_start .. q_stop - 1`` for every row, or, with ``q`` ``(B, 1)``, one
+        counter per row (``n = 1``). A view of the internal buffer, overwritten by the
+        next call.
         """
         torch = self.torch
-        n = q_stop - q_start
+        n = q_stop - q_start if q is None else 1
         views = self._views.get(n)
         if views is None:
             views = self._views[n] = self._make_views(n)
@@ -369,7 +374,11 @@ class _Block:
         F, E, L = bufs
         # Round 1 on counter (q, 0, 0, 0): state c0 = k0 (row), c1 = 0,
         # c2 = hi(q M0) ^ k1, c3 = lo(q M0) (column).
-        hq, lq = _columns(self.device, q_start, q_stop)
+        if q is None:
+            hq, lq = _columns(self.device, q_start, q_stop)
+        else:
+            pq = q * PHILOX_M0  # q < 2**30: no wrap, the shift needs no mask
+            hq, lq = pq >> 32, pq & MASK32
         # Round 2: p1 = c2 * M1 over the block, p0 = k0 * M0 per row.
         torch.bitwise_xor(hq, self.k1, out=L[2])
         L[2].mul_(PHILOX_M1)
@@ -411,6 +420,7 @@ def _constants(device: "torch.device") -> dict:
             "mult": torch.tensor([PHILOX_M0, PHILOX_M1], dtype=torch.int64, device=device).view(2, 1, 1),
             "weyl": steps * weyl,
             "cols": None,
+            "half_ulp": torch.tensor(2.0**-33, dtype=torch.float64, device=device),
         }
     return cache
 
@@ -453,16 +463,12 @@ def _chunks(B: int, Q: int):
         yield s, min(Q, s + step)
 
 
-def _row_keys(key_rows: "torch.Tensor") -> "torch.Tensor":
-    return token_keys_torch(key_rows)
-
-
 def philox_words_torch(
     key_rows: "torch.Tensor", vocab_size: int, *, token_ids: Optional["torch.Tensor"] = None
 ) -> "torch.Tensor":
     """The noise words (uint32 values in int64) ``(B, V)``, or ``(B, K)`` for ``token_ids``."""
     torch = _torch()
-    keys = _row_keys(key_rows)
+    keys = token_keys_torch(key_rows)
     B, V = keys.shape[0], int(vocab_size)
     if token_ids is not None:
         return _candidate_words(keys, _check_ids(token_ids, B, V))
@@ -487,12 +493,34 @@ def _check_ids(token_ids: "torch.Tensor", B: int, V: int) -> "torch.Tensor":
 
 
 def _candidate_words(keys: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
-    """Words of the given ids: one Philox call per id (only the needed word is kept)."""
+    """Words ``(B, K)`` of token ids ``(B, K)`` under per-row keys ``(B, 2)``."""
+    B, K = ids.shape
+    flat_keys = keys.unsqueeze(1).expand(B, K, 2).reshape(B * K, 2)
+    return _words_at(flat_keys, ids.reshape(-1)).view(B, K)
+
+
+# Up to this many single ids on the CPU, their Philox calls run on Python ints.
+_FEW_IDS = 48
+
+
+def _words_at(keys: "torch.Tensor", ids: "torch.Tensor") -> "torch.Tensor":
+    """Word of id ``ids[i]`` under key ``keys[i]`` for each i: ``(N,)`` int64.
+
+    One Philox call per id (only the needed word is kept).
+    """
     torch = _torch()
-    k0, k1 = keys[:, 0:1], keys[:, 1:2]
-    words = _philox_rounds_torch(ids >> 2, 0, 0, 0, k0, k1)
-    w = torch.stack(torch.broadcast_tensors(*words), dim=-1)
-    return torch.gather(w, -1, (ids & 3).unsqueeze(-1)).squeeze(-1)
+    N = ids.shape[0]
+    if N == 0:
+        return torch.zeros(0, dtype=torch.int64, device=ids.device)
+    if ids.device.type == "cpu" and N <= _FEW_IDS:
+        out = [
+            _philox_int(v >> 2, 0, 0, 0, k0, k1)[v & 3] for v, (k0, k1) in zip(ids.tolist(), keys.tolist())
+        ]
+        return torch.tensor(out, dtype=torch.int64)
+    block = _Block(keys, 1)
+    slots = block.run(0, 1, q=(ids >> 2).unsqueeze(1))[:, :, 0]  # (4, N) slots (c0, c2, c3, c1)
+    slot = torch.tensor(_Block.SLOT_OF_WORD, dtype=torch.int64, device=ids.device)[ids & 3]
+    return slots.gather(0, slot.unsqueeze(0)).squeeze(0) & MASK32
 
 
 def _words_to_gumbel(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
@@ -503,8 +531,16 @@ def _words_to_gumbel(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tenso
 
 def _words_to_neglog_u(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
     """``out = -log(u)``, ``u = (w + 0.5) / 2**32`` exact in float64 (33 significant bits)."""
+    return _words_to_log_u(words, out).neg_()
+
+
+def _words_to_log_u(words: "torch.Tensor", out: "torch.Tensor") -> "torch.Tensor":
+    """``out = log(u)``, ``u = (w + 0.5) / 2**32`` formed exactly in float64."""
+    torch = _torch()
     out.copy_(words)  # exact: w < 2**32
-    return out.add_(0.5).mul_(2.0**-32).log_().neg_()
+    # u = 2**-33 + 2**-32 * w in one op; exact (33 significant bits)
+    torch.add(_constants(out.device)["half_ulp"], out, alpha=2.0**-32, out=out)
+    return out.log_()
 
 
 def uniforms_torch(
@@ -531,7 +567,7 @@ def gumbel_torch(
     """
     torch = _torch()
     dtype = torch.float32 if dtype is None else dtype
-    keys = _row_keys(key_rows)
+    keys = token_keys_torch(key_rows)
     B, V = keys.shape[0], int(vocab_size)
     if token_ids is not None:
         w = _candidate_words(keys, _check_ids(token_ids, B, V))
@@ -547,15 +583,15 @@ def gumbel_torch(
         n = e - s
         slots = block.run(s, e)
         slots[2:4].bitwise_and_(MASK32)
-        t = _words_to_neglog_u(slots, f64[: 4 * B * n].view(4, B, n))
+        lu = _words_to_log_u(slots, f64[: 4 * B * n].view(4, B, n))
         if low is None:
-            h = t.log_()
+            h = lu.neg_().log_()
         else:
-            # -log(u) needs float64 (u is within 2**-33 of 1); its log only needs the
-            # output precision.
+            # log(u) needs float64 (u is within 2**-33 of 1); the outer log only needs
+            # the output precision.
             h = low[: 4 * B * n].view(4, B, n)
-            h.copy_(t)
-            h.log_()
+            h.copy_(lu)
+            h.neg_().log_()
         _scatter_words(h, out[:, s:e], negate=True)  # g = -log(-log(u))
     return _trim(out.view(B, 4 * Q), V)
 
@@ -700,9 +736,7 @@ def _argmax_candidates(s, rows, cols, key_rows, B: int, V: int) -> "torch.Tensor
     """Per row, the candidate with the largest ``s + g`` (lowest id on ties)."""
     torch = _torch()
     keys = token_keys_torch(key_rows).to(s.device)
-    k = keys[rows]
-    words = _philox_rounds_torch(cols >> 2, 0, 0, 0, k[:, 0], k[:, 1])
-    w = torch.stack(torch.broadcast_tensors(*words), dim=-1).gather(-1, (cols & 3).unsqueeze(-1)).squeeze(-1)
+    w = _words_at(keys[rows], cols)
     val = s + _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=s.device))
     best = torch.full((B,), -math.inf, dtype=torch.float64, device=s.device)
     best.scatter_reduce_(0, rows, val, reduce="amax")
@@ -715,7 +749,7 @@ def _argmax_candidates(s, rows, cols, key_rows, B: int, V: int) -> "torch.Tensor
 def _argmax_full(x: "torch.Tensor", scale: float, key_rows: "torch.Tensor") -> "torch.Tensor":
     """``argmax_v (x_v / scale + g_v)`` with the full noise block, chunk by chunk (float64)."""
     torch = _torch()
-    keys = _row_keys(key_rows).to(x.device)
+    keys = token_keys_torch(key_rows).to(x.device)
     B, V = x.shape
     Q = (V + 3) // 4
     n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
