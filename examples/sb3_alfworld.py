@@ -3,8 +3,10 @@
 Run: python examples/sb3_alfworld.py [--timesteps 3000] [--episodes 10]
 
 The text game becomes a numeric env (hashed bag-of-words observation, an index into
-the admissible commands with an action mask). Falls back to WebShop when ALFWorld's
-optional dependency is missing.
+the admissible commands with an action mask). The game rewards only the win, which
+random play almost never reaches, so training adds a count-based novelty bonus;
+success is always the game's own ``info["won"]``. Falls back to WebShop when
+ALFWorld's optional dependency is missing.
 """
 
 import argparse
