@@ -146,31 +146,25 @@ class KeyedBatchState:
         return logits
 
 
-def make_vllm_processor_class(newline_table: Optional[torch.Tensor] = None) -> type:
-    """vLLM's ``LogitsProcessor`` subclass around :class:`KeyedBatchState` (needs vLLM).
+try:  # the vLLM class exists only where vLLM is installed
+    from vllm.v1.sample.logits_processor import BatchUpdate as _BatchUpdate
+    from vllm.v1.sample.logits_processor import LogitsProcessor as _VLLMLogitsProcessor
+    from vllm.v1.sample.logits_processor import MoveDirectionality as _MoveDirectionality
+except ImportError:
+    _VLLMLogitsProcessor = None
 
-    Pass the class in ``LLM(..., logits_processors=[cls])``. The newline table comes from
-    ``newline_table`` or, when ``None``, from the model's tokenizer at engine start.
-    """
-    from twice_envs._deps import require
+if _VLLMLogitsProcessor is not None:
 
-    require("vllm", "vllm", "the vLLM backend")
-    from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
-
-    table_given = newline_table
-
-    class TwiceKeyedLogitsProcessor(LogitsProcessor):
-        """Keyed Gumbel sampling per request (see :mod:`twice_envs.agents.vllm_processor`)."""
+    class TwiceKeyedLogitsProcessor(_VLLMLogitsProcessor):
+        """Keyed Gumbel sampling per request (module level: vLLM pickles it into its workers)."""
 
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-            table = table_given
-            if table is None:
-                from transformers import AutoTokenizer
+            from transformers import AutoTokenizer
 
-                from twice_envs.agents.sampling import newline_token_table
+            from twice_envs.agents.sampling import newline_token_table
 
-                tok = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
-                table = newline_token_table(tok, vllm_config.model_config.get_vocab_size())
+            tok = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
+            table = newline_token_table(tok, vllm_config.model_config.get_vocab_size())
             self.state = KeyedBatchState(table)
 
         @classmethod
@@ -180,17 +174,27 @@ def make_vllm_processor_class(newline_table: Optional[torch.Tensor] = None) -> t
         def is_argmax_invariant(self) -> bool:
             return False
 
-        def update_state(self, batch_update: Optional[BatchUpdate]) -> None:
+        def update_state(self, batch_update: Optional["_BatchUpdate"]) -> None:
             if batch_update is None:
                 return
             added = [(i, params.extra_args if params is not None else None, prompt, out)
                      for i, params, prompt, out in batch_update.added]
-            moved = [(i, j, d == MoveDirectionality.SWAP) for i, j, d in batch_update.moved]
+            moved = [(i, j, d == _MoveDirectionality.SWAP) for i, j, d in batch_update.moved]
             self.state.update(batch_update.removed, added, moved)
 
         def apply(self, logits: torch.Tensor) -> torch.Tensor:
             return self.state.apply(logits)
 
+
+def make_vllm_processor_class() -> type:
+    """vLLM's ``LogitsProcessor`` subclass around :class:`KeyedBatchState` (needs vLLM).
+
+    Pass it in ``LLM(..., logits_processors=[cls])``; the newline table comes from the
+    model's tokenizer at engine start.
+    """
+    from twice_envs._deps import require
+
+    require("vllm", "vllm", "the vLLM backend")
     return TwiceKeyedLogitsProcessor
 
 
