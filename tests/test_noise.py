@@ -380,13 +380,16 @@ def test_shortcut_equals_full_computation_random():
 def test_shortcut_on_adversarial_logits_near_the_bound():
     """Logits built from the noise itself so that the winner is decided by a hair."""
     rng = np.random.default_rng(61)
-    B, V = 64, 2048
+    B, V = 64, 20000
     rows = random_rows(rng, B)
     g = N.gumbel_np(rows, V)
     x = np.full((B, V), -1e4)
-    lead = rng.integers(0, V, size=B)
-    other = (lead + 1 + rng.integers(0, V - 1, size=B)) % V
+    # the leader gets the row's smallest noise, the challenger the largest: the
+    # challenger wins from as far below (11 to 15 here) as these keys allow
+    lead = g.argmin(axis=1)
+    other = g.argmax(axis=1)
     r = np.arange(B)
+    assert (g[r, other] - g[r, lead]).min() > 10.5
     x[r, lead] = 0.0
     # other - lead perturbed gap is +-1e-9: other wins iff the sign is +
     sign = np.where(np.arange(B) % 2 == 0, 1.0, -1.0)
@@ -409,6 +412,39 @@ def test_shortcut_on_adversarial_logits_near_the_bound():
     yt = torch.from_numpy(y)
     np.testing.assert_array_equal(N.keyed_sample(yt, kt, shortcut=False).numpy(), np.zeros(B))
     np.testing.assert_array_equal(N.keyed_sample(yt, kt).numpy(), np.zeros(B))
+
+
+@pytest.mark.parametrize("dtype,tau,top_p", [(torch.float32, 0.7, 1.0), (torch.float64, 1.3, 1.0), (torch.float32, 0.9, 0.999)])
+def test_shortcut_candidates_cover_the_noise_bound(dtype, tau, top_p, monkeypatch):
+    """Every token within G_RANGE of the row maximum gets noise; far tokens get none."""
+    seen = {}
+    real = N._argmax_candidates
+
+    def spy(s, rows, cols, key_rows, B, V):
+        seen["rows"], seen["cols"] = rows.clone(), cols.clone()
+        return real(s, rows, cols, key_rows, B, V)
+
+    monkeypatch.setattr(N, "_argmax_candidates", spy)
+    rng = np.random.default_rng(63)
+    B, V = 3, 4000
+    x = torch.full((B, V), -1e3, dtype=dtype)
+    x[:, 7] = 100.0
+    # scaled gaps to the maximum: exactly G_RANGE, just inside/outside SKIP_GAP, far
+    gaps = torch.tensor([0.0, N.G_RANGE, N.G_RANGE - 1e-4, N.SKIP_GAP - 1e-4, N.SKIP_GAP + 1e-3, 40.0], dtype=torch.float64)
+    ids = torch.tensor([7, 100, 101, 102, 103, 104])
+    x[:, ids] = (100.0 - gaps * tau).to(dtype)
+    kt = torch.from_numpy(random_rows(rng, B))
+    out = N.keyed_sample(x, kt, temperature=tau, top_p=top_p)
+    assert "rows" in seen, "the candidate path was not taken"
+    for b in range(B):
+        cols = set(seen["cols"][seen["rows"] == b].tolist())
+        s = x[b].double() / tau
+        inside = N.nucleus_mask(x[b : b + 1], tau, top_p)[0]  # top_p < 1 drops the far tokens
+        must = set(torch.nonzero((s >= s.max() - N.G_RANGE) & inside).flatten().tolist())
+        assert 7 in must and (top_p < 1 or 101 in must)
+        assert must <= cols
+        assert {103, 104}.isdisjoint(cols) and len(cols) <= 5
+    assert torch.equal(out, N.keyed_sample(x, kt, temperature=tau, top_p=top_p, shortcut=False))
 
 
 def test_shortcut_skips_noise_for_spread_logits(monkeypatch):

@@ -663,17 +663,27 @@ def sampling_logprobs(logits: "torch.Tensor", temperature: float = 1.0, top_p: f
     return torch.log_softmax(s, dim=-1).to(out_dtype)
 
 
-# Why noise may be skipped. Every computed noise value lies in [G_MIN, G_MAX]: w is an
-# integer in [0, 2**32 - 1], u = (w + 0.5) / 2**32 is exact in float64 and lies in
-# [2**-33, 1 - 2**-33], and g = -log(-log(u)) is increasing in u. Let m be a token with
-# the largest scaled logit s_m. For a token v with s_v < s_m - G_RANGE,
+# Why noise may be skipped (the exact shortcut of keyed_sample).
+#
+# Bound. w is an integer in [0, 2**32 - 1], so u = (w + 0.5) / 2**32 (exact in float64)
+# lies in [2**-33, 1 - 2**-33], and g = -log(-log(u)) is increasing in u: every noise
+# value lies in [G_MIN, G_MAX] = [g(w=0), g(w=2**32-1)] ~ [-3.1300, 22.8739]. The
+# float64 logs are accurate to a few ulps, so computed values stray outside by < 1e-13.
+#
+# Claim. Let m be a token with the largest scaled logit s_m = x_m / tau. A token v with
+# s_v < s_m - G_RANGE can never be the argmax of s + g, whatever the keys:
 #     s_v + g_v <= s_v + G_MAX < s_m - G_RANGE + G_MAX = s_m + G_MIN <= s_m + g_m,
-# so v loses to m whatever the keys are: v can never be the argmax and needs no noise.
-# The comparison is made in float64 with _SKIP_MARGIN of slack added to G_RANGE: that
-# covers the last-bit error of the computed logs (~1e-15 here) and the rounding of the
-# sums s + g (relative 2**-53, i.e. below 1e-4 for any |s| < 1e11), so a skipped token
-# is behind m by a positive margin in the computed sums too, and the argmax over the
-# candidates equals the argmax over the full block.
+# so v is strictly behind m and needs no noise.
+#
+# In floating point. Candidates are the v with x_v >= thr_x, where thr_x is
+# x_max - tau * SKIP_GAP (SKIP_GAP = G_RANGE + _SKIP_MARGIN) computed in float64 and
+# then rounded *down* into the dtype of x; so every skipped token has
+# x_v / tau < x_max / tau - G_RANGE - _SKIP_MARGIN in exact arithmetic. Forming
+# s = x / tau in float64 (relative error 2**-53), the computed noise (error < 1e-13)
+# and the sums s + g (relative error 2**-53) all move values by far less than
+# _SKIP_MARGIN for any |s| < 1e11, so a skipped token stays strictly behind m in the
+# computed sums as well: the argmax over the candidates is the argmax over the full
+# block (tests check both paths agree, including logits placed on the boundary).
 _SKIP_MARGIN = 1e-3
 #: Scaled logits more than this far below the row maximum never win the keyed argmax.
 SKIP_GAP: float = G_RANGE + _SKIP_MARGIN
@@ -725,8 +735,9 @@ def keyed_sample(
             thr = x.max(dim=-1, keepdim=True).values.to(torch.float64) - scale * SKIP_GAP
             thr_x = thr.to(x.dtype)
             thr_x = torch.where(thr_x.to(torch.float64) > thr, torch.nextafter(thr_x, torch.full_like(thr_x, -math.inf)), thr_x)
-            rows, cols = (x >= thr_x).nonzero(as_tuple=True)  # row-major: ids ascending in a row
-            if rows.numel() <= _CANDIDATE_SHARE * B * V:
+            cand = x >= thr_x
+            if int(cand.sum()) <= _CANDIDATE_SHARE * B * V:
+                rows, cols = cand.nonzero(as_tuple=True)  # row-major: ids ascending in a row
                 s = x[rows, cols].to(torch.float64) / scale
                 return _argmax_candidates(s, rows, cols, key_rows, B, V)
         return _argmax_full(x, scale, key_rows)
