@@ -27,7 +27,10 @@ DEFAULT_BATCHES = (1, 8, 64)
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="twice bench noise", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="twice bench noise",
+        description="Keyed Gumbel noise and keyed sampling against torch.rand + Gumbel transform on the same block.",
+    )
     p.add_argument("--vocab", type=int, nargs="+", default=list(DEFAULT_VOCABS), help="vocabulary sizes")
     p.add_argument("--batch", type=int, nargs="+", default=list(DEFAULT_BATCHES), help="batch sizes")
     p.add_argument("--repeats", type=int, default=9, help="timed repeats per block (median reported)")
