@@ -732,7 +732,7 @@ def keyed_sample(
         if shortcut:
             # s_v >= s_max - SKIP_GAP  <=>  x_v >= x_max - scale * SKIP_GAP; the threshold
             # is rounded down into x's dtype, so the candidates can only be more.
-            thr = x.max(dim=-1, keepdim=True).values.to(torch.float64) - scale * SKIP_GAP
+            thr = x.amax(dim=-1, keepdim=True).to(torch.float64) - scale * SKIP_GAP
             thr_x = thr.to(x.dtype)
             thr_x = torch.where(thr_x.to(torch.float64) > thr, torch.nextafter(thr_x, torch.full_like(thr_x, -math.inf)), thr_x)
             cand = x >= thr_x
