@@ -347,21 +347,46 @@ class _Block:
         self.torch = torch
         device = keys.device
         self.B = B = keys.shape[0]
-        self.k0 = keys[:, 0:1].to(torch.int64)
-        self.k1 = keys[:, 1:2].to(torch.int64)
         consts = _constants(device)
         self.mult = consts["mult"]
-        # round r (0-based) uses key + r * W; X = (hi(p0) ^ c3 ^ k1, hi(p1) ^ c1 ^ k0)
-        kk = torch.stack((self.k1, self.k0)).unsqueeze(0)  # (1, 2, B, 1)
-        kx = (kk + consts["weyl"]).bitwise_and_(MASK32)  # (rounds, 2, B, 1)
-        self.kx = kx.unbind(0)
-        # round-2 row terms: p0 = k0 * M0 and hi(p0) ^ k1 of round 2
-        self.ka0 = kx[1, 1]
-        self.p0 = self.k0 * PHILOX_M0
-        self.row_c2 = ((self.p0 >> 32) ^ kx[1, 0]) & MASK32
+        if device.type == "cpu" and B <= _SMALL_BATCH:
+            self._row_terms_small(keys)
+        else:
+            self.k0 = keys[:, 0:1].to(torch.int64)
+            self.k1 = keys[:, 1:2].to(torch.int64)
+            # round r (0-based) uses key + r * W; X = (hi(p0) ^ c3 ^ k1, hi(p1) ^ c1 ^ k0)
+            kk = torch.stack((self.k1, self.k0)).unsqueeze(0)  # (1, 2, B, 1)
+            kx = (kk + consts["weyl"]).bitwise_and_(MASK32)  # (rounds, 2, B, 1)
+            self.kx = kx.unbind(0)
+            # round-2 row terms: p0 = k0 * M0 (wraps in int64) and hi(p0) ^ k1 of round 2
+            self.ka0 = kx[1, 1]
+            self.p0 = self.k0 * PHILOX_M0
+            self.row_c2 = ((self.p0 >> 32) ^ kx[1, 0]) & MASK32
         self._views: dict = {}
         self.state = _scratch("state", 6 * B * n_max, torch.int64, device)
         self.device = device
+
+    def _row_terms_small(self, keys: "torch.Tensor") -> None:
+        """The per-row terms of ``__init__`` on Python ints: one tensor build, no op chain."""
+        torch = self.torch
+        B = self.B
+        k = keys.tolist()
+        k0 = [int(r[0]) for r in k]
+        k1 = [int(r[1]) for r in k]
+        flat: list = []
+        for r in range(PHILOX_ROUNDS):
+            flat += [(x + r * PHILOX_W1) & MASK32 for x in k1]
+            flat += [(x + r * PHILOX_W0) & MASK32 for x in k0]
+        p0 = [x * PHILOX_M0 for x in k0]  # exact; stored wrapped to int64 like the tensor path
+        flat += [p - (1 << 64) if p >= 1 << 63 else p for p in p0]
+        flat += [((p >> 32) ^ ((x + PHILOX_W1) & MASK32)) & MASK32 for p, x in zip(p0, k1)]
+        flat += k0 + k1
+        t = torch.tensor(flat, dtype=torch.int64)
+        n_kx = PHILOX_ROUNDS * 2 * B
+        kx = t[:n_kx].view(PHILOX_ROUNDS, 2, B, 1)
+        self.kx = kx.unbind(0)
+        self.ka0 = kx[1, 1]
+        self.p0, self.row_c2, self.k0, self.k1 = t[n_kx:].view(4, B, 1).unbind(0)
 
     def run(self, q_start: int, q_stop: int, q: Optional["torch.Tensor"] = None) -> "torch.Tensor":
         """``(4, B, n)`` int64: slots ``(c0, c2, c3, c1)`` of the output (c3/c1 unmasked).
