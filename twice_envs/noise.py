@@ -278,8 +278,9 @@ def _philox_int(c0: int, c1: int, c2: int, c3: int, k0: int, k1: int) -> Tuple[i
     return c0, c1, c2, c3
 
 
-# Up to this many CPU key rows, token keys are derived on Python ints (tensor ops on a
-# few elements cost more in dispatch than the arithmetic itself).
+# Up to this many CPU key rows, token keys and the per-row terms of the block kernel
+# are computed on Python ints (tensor ops on a few elements cost more in dispatch than
+# the arithmetic itself).
 _SMALL_BATCH = 8
 
 
