@@ -37,10 +37,7 @@ import torch
 
 from twice_envs.keys import NoiseKey
 
-try:  # the reference generator; the fallback below is the same algorithm
-    from twice_envs import noise as _noise
-except ImportError:  # pragma: no cover - only while the noise module is absent
-    _noise = None
+from twice_envs import noise as _noise
 
 try:
     from transformers import LogitsProcessor as _LogitsProcessorBase
@@ -55,55 +52,17 @@ KEY_MODES = ("line", "flat", "counter", "ngram")
 #: can never win the argmax (its best case is below the leader's worst case), so
 #: its noise need not be computed. The margin adds 0.5 for float32 rounding of the
 #: logits and the noise.
-GUMBEL_SPAN = 26.0042 + 0.5
+GUMBEL_SPAN = _noise.G_RANGE + 0.5
 
 _NGRAM = 4
 _MASK32 = 0xFFFFFFFF
 
 
 # ----------------------------------------------------------------------------- noise
-def _mulhilo(m: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # 32x32 -> 64-bit product in int64 without overflow: split the constant in 16-bit halves.
-    a = (m >> 16) * x
-    b = (m & 0xFFFF) * x
-    hi = (a + (b >> 16)) >> 16
-    lo = (((a & 0xFFFF) << 16) + b) & _MASK32
-    return hi, lo
-
-
-def _philox(c: list[torch.Tensor], k0: torch.Tensor, k1: torch.Tensor) -> list[torch.Tensor]:
-    c0, c1, c2, c3 = c
-    for r in range(10):
-        if r:
-            k0 = (k0 + 0x9E3779B9) & _MASK32
-            k1 = (k1 + 0xBB67AE85) & _MASK32
-        hi0, lo0 = _mulhilo(0xD2511F53, c0)
-        hi1, lo1 = _mulhilo(0xCD9E8D57, c2)
-        c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
-    return [c0, c1, c2, c3]
-
-
-def _gumbel_fallback(key_rows: torch.Tensor, vocab_size: int, token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Gumbel noise of DESIGN section 2 for ``(B, 6)`` key rows (same algorithm as ``twice_envs.noise``)."""
-    rows = key_rows.to(torch.int64)
-    z = torch.zeros_like(rows[:, 0])
-    tk = _philox([rows[:, 2], rows[:, 3], rows[:, 4], rows[:, 5]], rows[:, 0], rows[:, 1])
-    if token_ids is None:
-        token_ids = torch.arange(vocab_size, dtype=torch.int64, device=rows.device).expand(rows.shape[0], -1)
-    v = token_ids.to(torch.int64)
-    zero = torch.zeros_like(v)
-    words = _philox([v >> 2, zero, zero, zero], tk[0][:, None].expand_as(v), tk[1][:, None].expand_as(v))
-    sel = v & 3
-    w = torch.where(sel == 0, words[0], torch.where(sel == 1, words[1], torch.where(sel == 2, words[2], words[3])))
-    u = (w.to(torch.float64) + 0.5) / 4294967296.0
-    return (-torch.log(-torch.log(u))).to(torch.float32)
-
-
 def gumbel_noise(key_rows: torch.Tensor, vocab_size: int, token_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Keyed Gumbel noise for ``(B, 6)`` key rows, over the vocabulary or the ``(B, K)`` ``token_ids``."""
-    if _noise is not None and hasattr(_noise, "gumbel_torch"):
-        return _noise.gumbel_torch(key_rows, vocab_size, token_ids=token_ids).to(torch.float32)
-    return _gumbel_fallback(key_rows, vocab_size, token_ids)
+    """Keyed Gumbel noise (:func:`twice_envs.noise.gumbel_torch`) for ``(B, 6)`` key rows, over the
+    vocabulary or the ``(B, K)`` ``token_ids``, as float32."""
+    return _noise.gumbel_torch(key_rows, vocab_size, token_ids=token_ids).to(torch.float32)
 
 
 # ----------------------------------------------------------------------------- tokens
