@@ -4,38 +4,18 @@ Run: python examples/sb3_alfworld.py [--timesteps 3000] [--episodes 10]
 
 The text game becomes a numeric env (hashed bag-of-words observation, an index into
 the admissible commands with an action mask). The game rewards only the win, which
-random play almost never reaches, so training adds a count-based novelty bonus;
-success is always the game's own ``info["won"]``. Falls back to WebShop when
-ALFWorld's optional dependency is missing.
+random play almost never reaches, so expect small gains from a short budget.
+Success is the game's own ``info["won"]``. Falls back to WebShop when ALFWorld's
+optional dependency is missing.
 """
 
 import argparse
-from collections import Counter
 
-import gymnasium
 import torch
 from sb3_contrib import MaskablePPO
 
 import twice_envs
 from twice_envs.wrappers.sb3 import IndexActionEnv
-
-
-class NoveltyBonus(gymnasium.Wrapper):
-    """Adds ``scale / sqrt(visits)`` for each observation text during training (count-based
-    exploration): the game only rewards the win, which random play almost never reaches."""
-
-    def __init__(self, env, scale):
-        super().__init__(env)
-        self.scale, self.visits = scale, Counter()
-
-    def step(self, action):
-        obs, reward, terminated, truncated, info = self.env.step(action)
-        text = self.env.unwrapped.text_env.trajectory.observations[-1]
-        self.visits[text] += 1
-        return obs, reward + self.scale / self.visits[text] ** 0.5, terminated, truncated, info
-
-    def action_masks(self):
-        return self.env.unwrapped.action_masks()
 
 
 def make_env(args):
@@ -71,16 +51,14 @@ def main():
     parser.add_argument("--task", type=int, default=1, help="index of the bundled game of that type")
     parser.add_argument("--max-turns", type=int, default=30)
     parser.add_argument("--n-steps", type=int, default=256, help="PPO rollout length")
-    parser.add_argument("--bonus", type=float, default=0.1, help="novelty bonus scale while training (0: none)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
 
     env, env_id = make_env(args)
     print(f"env: {env_id}, task: {env.text_env.trajectory.observations[0].split('Your task is to:')[-1].strip()}")
-    train_env = NoveltyBonus(env, args.bonus) if args.bonus > 0 else env
     model = MaskablePPO(
-        "MlpPolicy", train_env, n_steps=args.n_steps, batch_size=min(64, args.n_steps), n_epochs=4,
+        "MlpPolicy", env, n_steps=args.n_steps, batch_size=min(64, args.n_steps), n_epochs=4,
         ent_coef=0.01, seed=args.seed, verbose=0,
     )
     before = success_rate(model, env, args.episodes, seed=10_000)
