@@ -22,7 +22,7 @@ from typing import Sequence
 class DemoConfig:
     """Sizes of the demo's stages (defaults fit a few minutes on two CPU cores)."""
 
-    updates: int = 24
+    updates: int = 16
     """Updates per method."""
     questions_per_update: int = 6
     """Questions per update (G = 5 episodes each)."""

@@ -91,11 +91,24 @@ def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pa
 
 
 def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
-    """``(B, L)`` log-prob of each token given the tokens before it (0 at position 0)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1].float()
+    """``(B, L)`` log-prob of each generated token given the tokens before it (0 elsewhere).
+
+    The output head runs only at the positions that predict a generated token (a
+    fraction of the sequence: prompts and observations dominate), when the model
+    exposes its body and head (``model.model`` / ``lm_head``, as HF causal LMs do).
+    """
+    target = batch.loss_mask[:, 1:] > 0
+    body, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if body is not None and head is not None:
+        hidden = body(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state[:, :-1]
+        logits = head(hidden[target]).float()
+    else:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1][target].float()
     logp = torch.log_softmax(logits / temperature, dim=-1)
-    lp = logp.gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
-    return torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)
+    lp = logp.gather(-1, batch.input_ids[:, 1:][target][:, None]).squeeze(-1)
+    out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
+    rows, cols = torch.nonzero(target, as_tuple=True)
+    return out.index_put((rows, cols + 1), lp)
 
 
 def ppo_loss(
