@@ -107,8 +107,11 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     from twice_envs.agents.policy import SamplingConfig
     from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, rollout
 
+    from twice_envs.agents.train import split_size
+
     sampling = SamplingConfig(temperature=config.temperature, max_new_tokens=config.max_new_tokens)
-    tasks = [Task(i, {"split": config.split, "index": i} if config.indexed_tasks else {}) for i in range(config.questions)]
+    indexed = config.indexed_tasks and split_size(config.env, config.env_kwargs, config.split) is not None
+    tasks = [Task(i, {"split": config.split, "index": i} if indexed else {}) for i in range(config.questions)]
     eps = rollout(policy, config.env, tasks, group_size=config.group_size, sampling=sampling,
                   env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns)
     audited = [g * config.group_size for g in range(config.questions)]

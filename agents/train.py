@@ -92,7 +92,8 @@ class TrainConfig:
     task_pool: Optional[int] = None
     """Training tasks are drawn from the first ``task_pool`` of the split (None: all)."""
     indexed_tasks: bool = True
-    """Name tasks by the reset options ``{"split", "index"}`` (False: by reset seed only)."""
+    """Name tasks by the reset options ``{"split", "index"}`` where the env has splits
+    (SearchQA); envs without them get tasks by reset seed only."""
     eval_questions: int = 40
     """Dev questions for the greedy evaluation."""
     eval_every: int = 0
@@ -264,7 +265,7 @@ def evaluate(policy, config: TrainConfig, *, questions: Optional[int] = None, sp
     n = questions if questions is not None else config.eval_questions
     size = split_size(config.env, config.env_kwargs, split) if config.indexed_tasks else None
     n = min(n, size) if size else n
-    tasks = make_tasks(range(n), split, config.indexed_tasks)
+    tasks = make_tasks(range(n), split, size is not None)
     eps = rollout(policy, config.env, tasks, group_size=1, sampling=sampling_config(config, greedy=True),
                   env_kwargs=config.env_kwargs, noise_seed=12345, max_turns=config.max_turns)
     return summarize_eval(eps)
@@ -330,7 +331,7 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     return agg
 
 
-def train_update(state: TrainState, config: TrainConfig, pool: int) -> dict:
+def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics."""
     from twice_envs.agents.rollout import rollout
 
@@ -340,7 +341,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int) -> dict:
     sampling = sampling_config(config)
     idx = state.rng.choice(pool, size=min(config.questions_per_update, pool), replace=False)
     noise_seed = int(state.rng.integers(0, 2**62))
-    episodes = rollout(state.policy, config.env, make_tasks(idx, config.train_split, config.indexed_tasks),
+    episodes = rollout(state.policy, config.env, make_tasks(idx, config.train_split, indexed),
                        group_size=config.group_size, sampling=sampling, env_kwargs=config.env_kwargs,
                        noise_seed=noise_seed, max_turns=config.max_turns)
     t1 = time.perf_counter()
@@ -404,7 +405,7 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, p
         _append(metrics_path, {"update": 0, "eval": ev})
     bar = _progress(config.updates - state.update, progress, f"{config.method}")
     while state.update < config.updates:
-        m = train_update(state, config, pool)
+        m = train_update(state, config, pool, size is not None)
         if config.eval_every and state.update % config.eval_every == 0:
             m["eval"] = evaluate(state.policy, config)
         _append(metrics_path, m)

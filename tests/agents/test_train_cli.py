@@ -1,0 +1,37 @@
+"""The command lines end to end on CreditToy with a small saved model: train, eval, audit, plot."""
+
+import json
+
+from twice_envs.agents.audit import audit_main
+from twice_envs.agents.plots import plot_main
+from twice_envs.agents.train import eval_main, train_main
+
+from .train_helpers import one_torch_thread, small_policy  # noqa: F401
+
+ENV = "twice_envs.agents.toy:CreditToy-v0"
+
+
+def test_train_eval_audit_plot_commands(tmp_path, capsys):
+    policy = small_policy(0)
+    model_dir = tmp_path / "model"
+    policy.model.save_pretrained(model_dir)
+    policy.tokenizer.save_pretrained(model_dir)
+    run = tmp_path / "run"
+    args = ["--env", ENV, "--model", str(model_dir), "--updates", "2", "--questions", "2", "--group-size", "2",
+            "--max-new-tokens", "3", "--out", str(run)]
+    assert train_main(args + ["--method", "twice", "--ablation", "star"]) == 0
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [1, 2]
+    assert json.loads((run / "config.json").read_text())["ablations"] == ["star"]
+    assert (run / "checkpoint" / "state.pt").exists()
+    assert train_main(args[:-2] + ["--out", str(tmp_path / "grpo"), "--method", "grpo"]) == 0
+
+    assert eval_main(["--checkpoint", str(run), "--questions", "2"]) == 0
+    assert "EM" in capsys.readouterr().out
+    assert audit_main(["--checkpoint", str(run), "--env", ENV, "--questions", "2", "--oracle-rollouts", "2",
+                       "--group-size", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "wrong-sign" in out and (run / "audit" / "audit.png").exists()
+    png = tmp_path / "curves.png"
+    assert plot_main([str(run), str(tmp_path / "grpo"), "--out", str(png)]) == 0
+    assert png.stat().st_size > 1000
