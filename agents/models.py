@@ -55,9 +55,9 @@ class TinyModelConfig:
 
     envs: tuple[str, ...] = ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0")
     """Envs whose scripted agents write the transcripts (unavailable ones are skipped; SearchQA first)."""
-    episodes_per_env: int = 400
+    episodes_per_env: int = 600
     """Scripted episodes per env (unless ``episodes_by_env`` names the env)."""
-    episodes_by_env: dict = field(default_factory=lambda: {"WebShop-v0": 120, "ALFWorld-v0": 40})
+    episodes_by_env: dict = field(default_factory=lambda: {"WebShop-v0": 80, "ALFWorld-v0": 30})
     """Scripted episodes of particular envs (the ALFWorld planner is slow, WebShop pages are long)."""
     skill_range: tuple[float, float] = (0.2, 0.95)
     """Each episode's scripted-agent skill is drawn uniformly from this range (mixes good and bad turns)."""
@@ -75,9 +75,9 @@ class TinyModelConfig:
     """Key/value heads (grouped-query attention)."""
     intermediate_size: int = 384
     """MLP width."""
-    max_len: int = 768
+    max_len: int = 512
     """Training sequences are cut to this many tokens."""
-    steps: int = 250
+    steps: int = 500
     """Optimiser steps of supervised training."""
     batch_size: int = 8
     """Sequences per step."""
