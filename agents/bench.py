@@ -7,7 +7,6 @@ and batch, so machine load shifts both sides alike.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from typing import Sequence
