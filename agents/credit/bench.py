@@ -1,6 +1,12 @@
 """``twice bench credit``: credit quality and training efficiency of Twice against baselines.
 
-On generated SearchQA with the tiny model and fixed seeds, in one run:
+In one run, with fixed seeds:
+
+0. **Credit audit on CreditToy-v0**, where the advantages are exact: every decision
+   gets a coupled twin, an independent counterfactual and VinePPO's value rollouts
+   (one twin per decision for both Twice and CRR: equal auxiliary budget).
+
+On generated SearchQA with the tiny model:
 
 1. **Credit audit** (equal auxiliary budget: one twin or counterfactual per decision
    for Twice and CRR): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
@@ -26,6 +32,39 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+
+
+def toy_audit(n_groups: int = 600, seed: int = 0):
+    """The audit on CreditToy-v0, where ``A*`` is exact: every decision gets a coupled twin,
+    an independent counterfactual and VinePPO's K = 2 value rollouts."""
+    from twice_envs.agents import toy
+    from twice_envs.agents.audit import AuditResult, summarize, summarize_pairs
+    from twice_envs.agents.credit import vineppo
+    from twice_envs.agents.credit.predictor import decision_index
+
+    policy = toy.toy_policy()
+    eps, envs = toy.toy_rollouts(policy, n_groups, 5, noise_seed=seed)
+    index = decision_index(eps)
+    exact_ep = toy.exact_advantages(policy, eps)
+    oracle = np.array([exact_ep[i][t] for i, t in index])
+    u = np.array([e.utility for e in eps])
+    g = np.array([e.group for e in eps])
+    credit = {"grpo": np.array([u[i] - u[g == g[i]].mean() for i, _ in index])}
+    aux = {"grpo": 0}
+    pairs = {}
+    for name, coupled in (("twice", True), ("crr", False)):
+        tw = toy.toy_twins(policy, eps, envs, index, coupled=coupled, fresh_salt=7)
+        u2 = np.array([t.utility for t in tw])
+        u1 = np.array([u[i] for i, _ in index])
+        credit[name], aux[name], pairs[name] = u1 - u2, sum(t.num_generated_tokens for t in tw), np.stack([u1, u2], 1)
+    states = vineppo.value_states(eps)
+    vals = []
+    for k in range(vineppo.K_ROLLOUTS):
+        vals += toy.toy_twins(policy, eps, envs, states, coupled=False, branch=1 + k, fresh_salt=100 + k)
+    credit["vineppo"] = np.concatenate(vineppo.vine_credit(eps, vals))
+    aux["vineppo"] = sum(t.num_generated_tokens for t in vals)
+    return AuditResult(oracle, credit, aux, pairs, summarize(oracle, credit, aux), summarize_pairs(oracle, pairs),
+                       sum(e.num_generated_tokens for e in eps))
 
 
 def _updates_to_reach(evals: list[tuple[int, float]], target: float) -> int | None:
@@ -60,8 +99,20 @@ def main(argv: Sequence[str]) -> int:
     log = lambda m: print(f"[bench credit {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)  # noqa: E731
     fig: dict = {}
 
+    log("audit on CreditToy-v0 (exact advantages, keyed categorical policy)")
+    toy_res = toy_audit(150 if q else 600)
+    print("CreditToy-v0, exact A*:")
+    print(format_table(toy_res), end="")
+    trows = {r["method"]: r for r in toy_res.table}
+    for k in ("twice", "crr", "grpo", "vineppo"):
+        fig[f"toy_wrong_sign_{k}"] = trows[k]["wrong_sign"]
+        fig[f"toy_pearson_{k}"] = trows[k]["pearson"]
+        fig[f"toy_mse_vs_grpo_{k}"] = trows[k]["mse_vs_grpo"]
+    fig["toy_rho_twin"] = toy_res.pair_table[0]["rho"]
+
     policy = load_policy("tiny")
     log(f"audit: {audit_q} dev questions, {oracle} oracle rollouts per state")
+    print("\nSearchQA-v0, tiny model, oracle A* from rollouts:")
     res = run_audit(policy, AuditConfig(questions=audit_q, oracle_rollouts=oracle, seed=7))
     print(format_table(res), end="")
     write_outputs(res, out / "audit")
@@ -83,9 +134,15 @@ def main(argv: Sequence[str]) -> int:
             log(f"training {method}: {updates} updates")
             runs[method] = train(replace(base, method=method, out_dir=str(out / method)), progress=False,
                                  policy=load_policy("tiny"), eval_before=True)
-        evals = {m: [(r["update"], r["eval"]["em"]) for r in rs if "eval" in r] for m, rs in runs.items()}
+        evals = {}
+        for m in runs:
+            rows0 = [json.loads(l) for l in (out / m / "metrics.jsonl").read_text().splitlines() if l.strip()]
+            evals[m] = [(r["update"], r["eval"]["em"]) for r in rows0 if "eval" in r]
         target = evals["grpo"][-1][1]
-        reach = _updates_to_reach(evals["twice"], target)
+        initial = evals["grpo"][0][1]
+        # only meaningful when GRPO improved on the initial policy
+        reach = _updates_to_reach([e for e in evals["twice"] if e[0] > 0], target) if target > initial else None
+        fig["initial_dev_em"] = initial
         fig["grpo_final_dev_em"] = target
         fig["twice_final_dev_em"] = evals["twice"][-1][1]
         fig["twice_updates_to_grpo_final"] = reach
@@ -108,16 +165,26 @@ def main(argv: Sequence[str]) -> int:
     def row(name, value, target):
         v = "n/a" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
         print(f"{name:<44}{v:>10}  {target}")
+    row("CreditToy: wrong-sign Twice", fig["toy_wrong_sign_twice"], "")
+    row("CreditToy: wrong-sign CRR", fig["toy_wrong_sign_crr"], "")
+    tw_c = fig["toy_wrong_sign_crr"]
+    row("CreditToy:   Twice / CRR", fig["toy_wrong_sign_twice"] / tw_c if tw_c else None, "<= 0.333")
+    row("CreditToy: Pearson(Twice, A*)", fig["toy_pearson_twice"], ">= 0.7")
+    row("CreditToy: MSE Twice / MSE GRPO", fig["toy_mse_vs_grpo_twice"], "<= 0.3")
+    row("CreditToy: MSE CRR / MSE GRPO", fig["toy_mse_vs_grpo_crr"], "")
     ws_t, ws_c = fig["wrong_sign_twice"], fig["wrong_sign_crr"]
-    row("wrong-sign rate, Twice", ws_t, "<= 1/3 of CRR (6.9%)")
-    row("wrong-sign rate, CRR", ws_c, "(21.7%)")
-    row("  Twice / CRR", ws_t / ws_c if ws_c else None, "<= 0.333")
-    row("Pearson(Twice credit, oracle)", fig["pearson_twice"], ">= 0.7 (0.72)")
-    row("MSE Twice / MSE GRPO", fig["mse_twice_vs_grpo"], "<= 0.3 (0.23)")
+    row("SearchQA: wrong-sign rate, Twice", ws_t, "<= 1/3 of CRR (6.9%)")
+    row("SearchQA: wrong-sign rate, CRR", ws_c, "(21.7%)")
+    row("SearchQA:   Twice / CRR", ws_t / ws_c if ws_c else None, "<= 0.333")
+    row("SearchQA: Pearson(Twice credit, oracle)", fig["pearson_twice"], ">= 0.7 (0.72)")
+    row("SearchQA: MSE Twice / MSE GRPO", fig["mse_twice_vs_grpo"], "<= 0.3 (0.23)")
+    row("SearchQA: audited decisions with |A*| >= 0.05", fig["audit_scored"], f"of {fig['audit_decisions']}")
     if not a.skip_training:
+        row("initial dev EM (greedy)", fig["initial_dev_em"], "")
         row("GRPO final dev EM", fig["grpo_final_dev_em"], "")
         row("Twice final dev EM", fig["twice_final_dev_em"], "")
-        row("Twice updates to GRPO's final EM / GRPO's", fig["twice_updates_share"], "<= 0.6")
+        row("Twice updates to GRPO's final EM / GRPO's", fig["twice_updates_share"],
+            "<= 0.6" + ("" if fig["grpo_final_dev_em"] > fig["initial_dev_em"] else " (n/a: GRPO did not improve)"))
         row("realised aux tokens / (beta x policy tokens)", fig["realised_aux_over_budget"], "within 0.95-1.05")
         row("time per update Twice / GRPO", fig["time_ratio_twice_over_grpo"], f"<= {fig['time_ratio_target']:.2f}")
     print(f"(wall time {time.time() - t0:.0f}s; audit files in {out / 'audit'})")
