@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+from twice_envs.trajectory import atomic_write_text
+
 
 @dataclass
 class DemoConfig:
@@ -71,9 +73,11 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
         after = evaluate(trained[method], run_cfg)
         results[method] = {"after": after, "seconds_per_update": sum(m["time"] for m in metrics) / len(metrics),
                            "realised_beta": sum(m["aux_tokens"] for m in metrics) / max(1, sum(m["generated_tokens"] for m in metrics))}
-        # record the final dev EM in the run's metrics so the plot shows it
-        with open(Path(run_cfg.out_dir) / "metrics.jsonl", "a") as f:
-            f.write(json.dumps({"update": cfg.updates, "eval": after}) + "\n")
+        # record dev EM before and after in the run's metrics so the plot shows both
+        mfile = Path(run_cfg.out_dir) / "metrics.jsonl"
+        rows = mfile.read_text()
+        atomic_write_text(mfile, json.dumps({"update": 0, "eval": before}) + "\n" + rows +
+                          json.dumps({"update": cfg.updates, "eval": after}) + "\n")
         say(f"{method}: dev EM {before['em']:.3f} -> {after['em']:.3f}")
     curves = plot_runs([out / "grpo", out / "twice"], out / "curves.png", labels=["GRPO", "Twice"])
     say("auditing the Twice policy's credit")
