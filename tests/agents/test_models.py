@@ -81,5 +81,5 @@ def test_benchmarks_quick(tmp_path, monkeypatch, capsys):
     assert sampler_main(["--quick"]) == 0
     assert bench_rollout_main(["--quick", "--env", "CoinChain-v0"]) == 0
     out = capsys.readouterr().out
-    assert "overhead" in out and "tiny" in out
+    assert "sampler ovh" in out and "tiny" in out
     assert "generated tokens/s" in out and "prefix reuse: twin continuation time" in out
