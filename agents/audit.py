@@ -198,6 +198,9 @@ def format_table(result: AuditResult) -> str:
                   f"{r['pearson']:>8.3f} {r['aux_tokens']:>11d}\n")
     out.write(f"({result.table[0]['scored']} of {result.table[0]['decisions']} decisions have |A*| >= threshold; "
               f"policy tokens of the audited episodes: {result.policy_tokens})\n")
+    if result.table[0]["scored"] == 0:
+        out.write("note: no decision changes the expected outcome measurably (the policy's outcomes do not vary on "
+                  "these questions), so the credit rates are undefined\n")
     out.write(f"{'pairs':<12} {'rho':>6} {'ties':>6} {'reversals':>10} {'Var D':>7}\n")
     for r in result.pair_table:
         out.write(f"{r['pairs']:<12} {r['rho']:>6.3f} {r['tie_share']:>6.2f} {r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
