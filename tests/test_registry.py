@@ -69,3 +69,15 @@ def test_builtin_ids_are_registered_without_importing_their_dependencies():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_gymnasium_make_vec_reaches_twice_make_vec():
+    from twice_envs.wrappers.vector import TextSyncVectorEnv
+
+    vec = gymnasium.make_vec("twice_envs/CoinChain-v0", num_envs=2, vectorization_mode="vector_entry_point", seeds=[3, 3])
+    try:
+        assert isinstance(vec, TextSyncVectorEnv)
+        obs, _ = vec.reset()
+        assert obs[0] == obs[1] and isinstance(obs[0], str)
+    finally:
+        vec.close()

@@ -66,6 +66,7 @@ def register(
     gymnasium.register(
         id=gym_id,
         entry_point=_gym_entry(id),
+        vector_entry_point=_gym_vector_entry(id),
         kwargs={},
         disable_env_checker=True,
         order_enforce=False,
@@ -78,6 +79,17 @@ def _gym_entry(env_id: str) -> Callable[..., Any]:
         return make(env_id, **kwargs)
 
     return _make
+
+
+def _gym_vector_entry(env_id: str) -> Callable[..., Any]:
+    # gymnasium.make_vec("twice_envs/<id>", n) lands in twice_envs.make_vec (text spaces,
+    # seed streams, per-sub-env forks) instead of gymnasium's generic vector envs.
+    def _make_vec(num_envs: int = 1, **kwargs: Any) -> Any:
+        from twice_envs.wrappers.vector import make_vec
+
+        return make_vec(env_id, num_envs, **kwargs)
+
+    return _make_vec
 
 
 def _load_entry_point(spec: EnvSpec) -> Callable[..., Any]:
