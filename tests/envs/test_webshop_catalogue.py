@@ -150,3 +150,27 @@ def test_generator_is_deterministic_and_loadable(tmp_path):
     gen = twice_envs.make("WebShop-v0", num_products=60, catalogue_seed=3)
     assert len(env.res.goals) == len(gen.res.goals)
     assert env.res.goals[7] == gen.res.goals[7]  # same data from the files and from memory
+
+
+def test_attribute_and_human_errors_name_their_file_and_entry_line(tmp_path):
+    from tests.envs._webshop_data import ATTRIBUTES, HUMAN
+
+    kw = write_shop(tmp_path)
+    asins = list(ATTRIBUTES)
+    bad = {**ATTRIBUTES, asins[-1]: {"attributes": ["ok"], "instruction": 7}}
+    attr_path = tmp_path / "ins_indented.json"
+    attr_path.write_text(json.dumps(bad, indent=1), encoding="utf-8")
+    expected = next(n for n, l in enumerate(attr_path.read_text().splitlines(), 1) if f'"{asins[-1]}"' in l)
+    assert expected > 1
+    with pytest.raises(DataFormatError, match="instruction of .* must be text") as e:
+        twice_envs.make("WebShop-v0", products_path=kw["products_path"], attributes_path=str(attr_path),
+                        cache_root=str(tmp_path / "cache2"))
+    assert e.value.path == str(attr_path) and e.value.line == expected
+
+    human = {**{k: v for k, v in HUMAN.items()}, "B0TESTZZZ9": [{"instruction": "x", "instruction_options": "nope"}]}
+    human_path = tmp_path / "human_indented.json"
+    human_path.write_text(json.dumps(human, indent=1), encoding="utf-8")
+    expected = next(n for n, l in enumerate(human_path.read_text().splitlines(), 1) if '"B0TESTZZZ9"' in l)
+    with pytest.raises(DataFormatError, match="instruction_options") as e:
+        twice_envs.make("WebShop-v0", human_path=str(human_path), **kw)
+    assert e.value.path == str(human_path) and e.value.line == expected

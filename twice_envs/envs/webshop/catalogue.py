@@ -315,25 +315,65 @@ def normalise_product(
     )
 
 
+def line_of_key(path: str | os.PathLike, key: str) -> Optional[int]:
+    """The line of the first ``"key"`` in a JSON file (only read when reporting an error)."""
+    needle = json.dumps(key, ensure_ascii=False)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for n, text in enumerate(fh, 1):
+                if needle in text:
+                    return n
+    except (OSError, UnicodeDecodeError):
+        pass
+    return None
+
+
+def _at_entry(path: Any, asin: str, exc: DataFormatError) -> DataFormatError:
+    """Re-raise a structural error of entry ``asin`` with the file and the entry's line."""
+    return DataFormatError(path, line_of_key(path, asin) if exc.line is None else exc.line, exc.problem)
+
+
+def validate_attributes(data: dict, path: Any) -> None:
+    """Check ``items_ins_v2.json``-style data (asin -> attributes, instruction); errors name the line."""
+    for asin, a in data.items():
+        try:
+            if not isinstance(a, dict):
+                raise DataFormatError(path, None, f"attributes of {asin!r} must be an object")
+            if "attributes" in a:
+                _str_list(a["attributes"], path, None, f"attributes of {asin!r}")
+            if a.get("instruction") is not None and not isinstance(a["instruction"], str):
+                raise DataFormatError(path, None, f"the instruction of {asin!r} must be text")
+            _str_list(a.get("instruction_attributes"), path, None, f"instruction_attributes of {asin!r}")
+        except DataFormatError as exc:
+            raise _at_entry(path, asin, exc) from None
+
+
 def parse_human_instructions(data: dict, path: Any) -> dict[str, tuple[HumanInstruction, ...]]:
-    """Validate ``items_human_ins.json`` data into asin -> instructions."""
+    """Validate ``items_human_ins.json`` data into asin -> instructions (errors name the entry's line)."""
     out: dict[str, tuple[HumanInstruction, ...]] = {}
     for asin, items in data.items():
-        if not isinstance(items, list):
-            raise DataFormatError(path, None, f"human instructions of {asin!r} must be a list")
-        parsed = []
-        for k, it in enumerate(items):
-            if not isinstance(it, dict) or not isinstance(it.get("instruction"), str):
-                raise DataFormatError(path, None, f"human instruction {k} of {asin!r} needs a text 'instruction'")
-            parsed.append(
-                HumanInstruction(
-                    it["instruction"],
-                    _str_list(it.get("instruction_attributes", []), path, None, f"instruction_attributes of {asin!r}[{k}]"),
-                    _str_list(it.get("instruction_options", []), path, None, f"instruction_options of {asin!r}[{k}]"),
-                )
-            )
-        out[asin] = tuple(parsed)
+        try:
+            out[asin] = _parse_human_entry(asin, items, path)
+        except DataFormatError as exc:
+            raise _at_entry(path, asin, exc) from None
     return out
+
+
+def _parse_human_entry(asin: str, items: Any, path: Any) -> tuple[HumanInstruction, ...]:
+    if not isinstance(items, list):
+        raise DataFormatError(path, None, f"human instructions of {asin!r} must be a list")
+    parsed = []
+    for k, it in enumerate(items):
+        if not isinstance(it, dict) or not isinstance(it.get("instruction"), str):
+            raise DataFormatError(path, None, f"human instruction {k} of {asin!r} needs a text 'instruction'")
+        parsed.append(
+            HumanInstruction(
+                it["instruction"],
+                _str_list(it.get("instruction_attributes", []), path, None, f"instruction_attributes of {asin!r}[{k}]"),
+                _str_list(it.get("instruction_options", []), path, None, f"instruction_options of {asin!r}[{k}]"),
+            )
+        )
+    return tuple(parsed)
 
 
 # --------------------------------------------------------------------------- product stores

@@ -29,6 +29,7 @@ from twice_envs.envs.webshop.catalogue import (
     load_json_object,
     normalise_all,
     parse_human_instructions,
+    validate_attributes,
     stream_products,
     write_records,
 )
@@ -150,6 +151,8 @@ def _save_npy(path: Path, arr: np.ndarray) -> None:
 def build_cache(root: Path, products_path: str, attributes_path: Optional[str], num_products: Optional[int]) -> None:
     """Stream the products once: write records, index texts and goal tables into ``root``."""
     attrs = load_json_object(attributes_path, "attributes") if attributes_path else None
+    if attrs is not None:
+        validate_attributes(attrs, attributes_path)
     builder = IndexBuilder()
     asins: list[str] = []
     counts: list[int] = []
