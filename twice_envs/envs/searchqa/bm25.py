@@ -22,6 +22,8 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from twice_envs._cache import publish_dir
+
 BM25_FORMAT = "searchqa.bm25/1"
 _WORD_RE = re.compile(r"\w+")
 
@@ -155,12 +157,7 @@ def build_index(texts: Iterable[str], directory: str | Path, params: BM25Params 
         (tmp / "vocab.json").write_text(json.dumps(vocab_list, ensure_ascii=True))
         info = {"format": BM25_FORMAT, "params": asdict(params), "num_docs": n_docs, "avgdl": avgdl, "vocab": V, "nnz": nnz, **(meta or {})}
         (tmp / "meta.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
-        try:
-            os.replace(tmp, directory)
-        except OSError:
-            if not (directory / "meta.json").exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
+        publish_dir(tmp, directory, "meta.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

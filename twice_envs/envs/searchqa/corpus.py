@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from twice_envs._cache import cache_dir
+from twice_envs._cache import cache_dir, publish_dir
 from twice_envs.errors import DataFormatError
 from twice_envs.envs.searchqa.loaders import iter_corpus_jsonl
 
@@ -85,12 +85,7 @@ def build_store(source: str | Path, directory: str | Path) -> Path:
         np.save(tmp / "id_offsets.npy", np.asarray(id_offsets, dtype=np.int64))
         manifest = {"format": STORE_FORMAT, "sha256": sha.hexdigest(), "source": str(source.resolve()), "passages": len(offsets) - 1}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-        try:
-            os.replace(tmp, directory)
-        except OSError:
-            if not (directory / "manifest.json").exists():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
+        publish_dir(tmp, directory, "manifest.json")
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -41,8 +41,22 @@ class Question:
 def iter_corpus_jsonl(path: str | Path) -> Iterator[tuple[int, str, str]]:
     """Yield ``(line_number, id, contents)`` for each passage of a wiki-18 style JSONL file."""
     path = Path(path)
+    for line_no, row in _json_lines(path, "corpus", "with 'id' and 'contents'"):
+        contents = row.get("contents")
+        if contents is None and "title" in row and "text" in row:
+            contents = f'"{row["title"]}"\n{row["text"]}'
+        if not isinstance(contents, str):
+            raise DataFormatError(path, line_no, "missing or non-string 'contents' (expected '\"Title\"\\ntext')")
+        pid = row.get("id", line_no - 1)
+        if not isinstance(pid, (str, int)) or isinstance(pid, bool):
+            raise DataFormatError(path, line_no, "'id' must be a string or an integer")
+        yield line_no, str(pid), contents
+
+
+def _json_lines(path: Path, what: str, shape: str = "") -> Iterator[tuple[int, dict]]:
+    """``(line_number, object)`` for each non-blank line of a JSONL file; errors name the line."""
     if not path.is_file():
-        raise DataFormatError(path, None, "corpus file not found")
+        raise DataFormatError(path, None, f"{what} file not found")
     with open(path, "rb") as fh:
         for line_no, raw in enumerate(fh, start=1):
             if not raw.strip():
@@ -52,16 +66,8 @@ def iter_corpus_jsonl(path: str | Path) -> Iterator[tuple[int, str, str]]:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise DataFormatError(path, line_no, f"not a valid JSON line ({exc})") from None
             if not isinstance(row, dict):
-                raise DataFormatError(path, line_no, "each line must be a JSON object with 'id' and 'contents'")
-            contents = row.get("contents")
-            if contents is None and "title" in row and "text" in row:
-                contents = f'"{row["title"]}"\n{row["text"]}'
-            if not isinstance(contents, str):
-                raise DataFormatError(path, line_no, "missing or non-string 'contents' (expected '\"Title\"\\ntext')")
-            pid = row.get("id", line_no - 1)
-            if not isinstance(pid, (str, int)) or isinstance(pid, bool):
-                raise DataFormatError(path, line_no, "'id' must be a string or an integer")
-            yield line_no, str(pid), contents
+                raise DataFormatError(path, line_no, f"each line must be a JSON object{' ' + shape if shape else ''}")
+            yield line_no, row
 
 
 def _answers(value: Any, path: Path, line: int) -> tuple[str, ...]:
@@ -82,26 +88,15 @@ def _answers(value: Any, path: Path, line: int) -> tuple[str, ...]:
 def load_flashrag_jsonl(path: str | Path) -> list[Question]:
     """Questions from FlashRAG JSONL (``{"id", "question", "golden_answers", ...}`` per line)."""
     path = Path(path)
-    if not path.is_file():
-        raise DataFormatError(path, None, "question file not found")
     out: list[Question] = []
-    with open(path, "rb") as fh:
-        for line_no, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            try:
-                row = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise DataFormatError(path, line_no, f"not a valid JSON line ({exc})") from None
-            if not isinstance(row, dict):
-                raise DataFormatError(path, line_no, "each line must be a JSON object")
-            q = row.get("question")
-            if not isinstance(q, str) or not q.strip():
-                raise DataFormatError(path, line_no, "missing or empty 'question'")
-            answers = _answers(row.get("golden_answers"), path, line_no)
-            qid = row.get("id", f"{path.stem}_{line_no}")
-            meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
-            out.append(Question(str(qid), q, answers, meta))
+    for line_no, row in _json_lines(path, "question"):
+        q = row.get("question")
+        if not isinstance(q, str) or not q.strip():
+            raise DataFormatError(path, line_no, "missing or empty 'question'")
+        answers = _answers(row.get("golden_answers"), path, line_no)
+        qid = row.get("id", f"{path.stem}_{line_no}")
+        meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+        out.append(Question(str(qid), q, answers, meta))
     if not out:
         raise DataFormatError(path, None, "no questions in the file")
     return out
