@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs.envs.alfworld.games import TASK_TYPES
+
 # ---------------------------------------------------------------------------- world facts
 #: Receptacle types that open and close.
 OPENABLE = frozenset({"Fridge", "Microwave", "Cabinet", "Drawer", "Safe"})
@@ -135,14 +137,6 @@ LAYOUTS: dict[str, Layout] = {
     )
 }
 
-TASK_TYPES: tuple[str, ...] = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
 #: Predicate the target object needs, and the appliance type that makes it true.
 _STATE_CHANGE = {
     "pick_clean_then_place_in_recep": ("cleanable", "isClean", "SinkBasin"),
