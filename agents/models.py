@@ -47,6 +47,9 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 SMOLLM2_NAME = "smollm2-135m"
 TINY_NAME = "tiny"
+#: Version of the tiny model's recipe; a cached build of another version is rebuilt
+#: (builds that do not record one are version 1).
+TINY_RECIPE = 1
 
 
 @dataclass
@@ -65,6 +68,9 @@ class TinyModelConfig:
     """Turn cap of a scripted episode."""
     vocab_size: int = 2048
     """BPE vocabulary size (including the special tokens)."""
+    tokenizer_corpus: bool = False
+    """Also train the tokenizer on the text of the envs' corpora and training questions (SearchQA's
+    generated encyclopedia); with a vocabulary of about 8k most entity names become one token."""
     hidden_size: int = 128
     """Model width."""
     num_layers: int = 4
@@ -77,6 +83,13 @@ class TinyModelConfig:
     """MLP width."""
     max_len: int = 512
     """Training sequences are cut to this many tokens."""
+    embedding_std: float = 0.02
+    """Initial standard deviation of the (tied) token embeddings (larger values give rarely seen
+    tokens, such as names, larger logits)."""
+    context_loss_weight: float = 0.0
+    """Loss weight of the tokens the model does not generate (prompts, observations) relative to
+    its turns (0: only the turns are scored). Predicting passages, where names recur, trains
+    copying; at the default step budget it did not yet make the model copy names."""
     steps: int = 500
     """Optimiser steps of supervised training."""
     batch_size: int = 8
@@ -85,9 +98,10 @@ class TinyModelConfig:
     """Peak AdamW learning rate (linear warm-up, cosine decay)."""
     seed: int = 0
     """Seed of the env tasks, the skills and the initialisation."""
-    threads: int = 1
-    """CPU threads for training (0: torch's default). One by default: on a shared 2-core machine,
-    OpenMP threads waiting for a busy core slow the small matrices of this model down many times."""
+    threads: int = 2
+    """CPU threads for training (0: torch's default). Two on two idle cores take 0.26 s a step
+    against 0.46 s with one; on a busy shared machine pass one (``--threads 1``): OpenMP threads
+    waiting for a busy core slow the small matrices of this model down many times."""
 
 
 # ----------------------------------------------------------------------------- cache
@@ -208,6 +222,24 @@ def available_envs(env_ids: Sequence[str]) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- tiny model
+def corpus_texts(env_ids: Sequence[str]) -> list[str]:
+    """Passages and training-split questions of the envs that expose a corpus (SearchQA)."""
+    import twice_envs
+
+    out: list[str] = []
+    for env_id in env_ids:
+        env = twice_envs.make(env_id)
+        env.reset(seed=0)
+        res = getattr(env.unwrapped, "resources", None)
+        corpus = getattr(res, "corpus", None)
+        if corpus is None or not hasattr(corpus, "iter_contents"):
+            continue
+        out += [str(c) for c in corpus.iter_contents()]
+        questions = getattr(res, "questions", None) or {}
+        out += [q.question for q in questions.get("train", [])]
+    return out
+
+
 def train_tokenizer(texts: Sequence[str], vocab_size: int):
     """A byte-level BPE tokenizer trained on ``texts``, with the ChatML template."""
     tokenizers = require("tokenizers", "hf", "the tiny model's tokenizer")
@@ -229,20 +261,20 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int):
     return fast
 
 
-def _sft_sequences(tokenizer, episodes, max_len: int) -> list[tuple[list[int], list[int]]]:
+def _sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0) -> list[tuple[list[int], list[float]]]:
     from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 
     seqs = []
     for first_obs, turns in episodes:
         ids = list(initial_prompt_ids(tokenizer, first_obs))
-        mask = [0] * len(ids)
+        mask = [context_weight] * len(ids)
         for action, obs in turns:
             a = tokenizer.encode(action, add_special_tokens=False)
             ids += a
-            mask += [1] * len(a)
+            mask += [1.0] * len(a)
             o = observation_ids(tokenizer, obs)
             ids += o
-            mask += [0] * len(o)
+            mask += [context_weight] * len(o)
         ids, mask = ids[:max_len], mask[:max_len]
         if any(mask):
             seqs.append((ids, mask))
@@ -276,8 +308,10 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         texts.append(first_obs)
         for a, o in turns:
             texts += [a, o]
+    if cfg.tokenizer_corpus:
+        texts += corpus_texts(envs)
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
-    seqs = _sft_sequences(tokenizer, episodes, cfg.max_len)
+    seqs = _sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight)
     n_tok = sum(len(s) for s, _ in seqs)
     log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
 
@@ -299,6 +333,9 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         bos_token_id=None,
     )
     model = transformers.LlamaForCausalLM(mcfg)
+    if cfg.embedding_std != mcfg.initializer_range:
+        with torch.no_grad():
+            model.get_input_embeddings().weight.normal_(0.0, cfg.embedding_std)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: Llama, {n_params / 1e6:.2f}M parameters")
     try:
@@ -311,7 +348,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    meta = {"built_by": "twice models build-tiny", "config": asdict(cfg), "envs": per_env, "parameters": n_params,
+    meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
             "train_tokens": n_tok, "seconds": round(time.time() - t0, 1)}
     (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
     if final.exists():
@@ -323,7 +360,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
 
 def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
               seed: int = 0, pad_id: int = 0, log: Callable[[str], None] = lambda m: None) -> list[float]:
-    """Supervised training on ``(input_ids, loss_mask)`` sequences; returns the loss per step."""
+    """Supervised training on ``(input_ids, loss_weights)`` sequences (0: not scored); returns the loss per step."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -354,11 +391,14 @@ def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log
             ids[r, : len(s)] = torch.tensor(s)
             mask[r, : len(s)] = 1
             loss_mask[r, : len(m)] = torch.tensor(m, dtype=torch.float32)
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        target = ids[:, 1:]
-        lm = loss_mask[:, 1:]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none")
-        loss = (nll * lm.reshape(-1)).sum() / lm.sum().clamp(min=1)
+        # the LM head only at the positions that are scored (the generated turns, a small
+        # share of the tokens): with a large vocabulary it would otherwise dominate the step
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+        weight = loss_mask[:, 1:]
+        sel = weight > 0
+        logits = model.get_output_embeddings()(hidden[sel]).float()
+        nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][sel], reduction="none")
+        loss = (nll * weight[sel]).sum() / weight[sel].sum().clamp(min=1e-6)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -371,6 +411,17 @@ def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log
 
 def tiny_path() -> Path:
     return models_dir() / TINY_NAME
+
+
+def tiny_is_current(path: os.PathLike) -> bool:
+    """Whether ``path`` holds a tiny model built by the current recipe (:data:`TINY_RECIPE`)."""
+    meta = Path(path) / "twice_model.json"
+    if not (Path(path) / "config.json").exists() or not meta.exists():
+        return False
+    try:
+        return json.loads(meta.read_text()).get("recipe", 1) == TINY_RECIPE
+    except (OSError, ValueError):
+        return False
 
 
 # ----------------------------------------------------------------------------- smollm2
@@ -426,9 +477,9 @@ def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> P
     """The local directory of a model name (``tiny``, ``smollm2-135m``) or path, building it if needed."""
     if name_or_path == TINY_NAME:
         path = tiny_path()
-        if not (path / "config.json").exists():
+        if not tiny_is_current(path):
             if not build:
-                raise FileNotFoundError(f"the tiny model is not built yet: run 'twice models build-tiny' ({path})")
+                raise FileNotFoundError(f"the tiny model is not built yet (or by an older recipe): run 'twice models build-tiny' ({path})")
             build_tiny(path)
         return path
     if name_or_path.lower() in (SMOLLM2_NAME, "smollm2"):
@@ -474,7 +525,7 @@ def models_main(argv: Sequence[str]) -> int:
     b.add_argument("--steps", type=int, default=None, help="training steps")
     b.add_argument("--episodes", type=int, default=None, help="scripted episodes per env")
     b.add_argument("--envs", default=None, help="comma-separated env ids (default: SearchQA-v0,WebShop-v0,ALFWorld-v0)")
-    b.add_argument("--threads", type=int, default=1, help="CPU threads for training (0: torch's default)")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads for training (default 2; 0: torch's default)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
@@ -486,11 +537,12 @@ def models_main(argv: Sequence[str]) -> int:
             cfg.steps = args.steps
         if args.episodes is not None:
             cfg.episodes_per_env = args.episodes
-        cfg.threads = args.threads
+        if args.threads is not None:
+            cfg.threads = args.threads
         if args.envs:
             cfg.envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
         out = Path(args.out) if args.out else tiny_path()
-        if (out / "config.json").exists() and not args.force:
+        if tiny_is_current(out) and not args.force:
             print(f"{out}: already built (use --force to rebuild)")
             return 0
         build_tiny(out, cfg)
