@@ -39,19 +39,16 @@ def save_episodes(path: str | Path, episodes: Sequence[EpisodeRecord]) -> None:
 def load_episodes(path: str | Path) -> list[EpisodeRecord]:
     """Read episodes written by :func:`save_episodes`."""
     from twice_envs.errors import TrajectoryFormatError
+    from twice_envs.trajectory import iter_json_lines
 
     out = []
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-                agent = dict(data.pop("episode"))
-            except (json.JSONDecodeError, KeyError, TypeError) as exc:
-                raise TrajectoryFormatError(f"{path}:{lineno}: not an episode line ({exc})") from None
-            agent["trajectory"] = data
-            out.append(EpisodeRecord.from_json(agent))
+    for where, data in iter_json_lines(path):
+        try:
+            agent = dict(data.pop("episode"))
+        except (AttributeError, KeyError, TypeError) as exc:
+            raise TrajectoryFormatError(f"{where}: not an episode line ({exc!r})") from None
+        agent["trajectory"] = data
+        out.append(EpisodeRecord.from_json(agent))
     return out
 
 

@@ -206,8 +206,8 @@ def save_trajectories(path: str | os.PathLike, records: Iterable[Trajectory | di
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
-def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:
-    """Read records from a JSON lines file; errors name the file and line."""
+def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """``("file:line", value)`` for each non-blank line of a JSON lines file; errors name the line."""
     path = Path(path)
     if not path.exists():
         raise TrajectoryFormatError(f"{path}: no such file")
@@ -219,7 +219,13 @@ def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:
                 data = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise TrajectoryFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            yield Trajectory.from_json(data, where=f"{path}:{lineno}")
+            yield f"{path}:{lineno}", data
+
+
+def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:
+    """Read records from a JSON lines file; errors name the file and line."""
+    for where, data in iter_json_lines(path):
+        yield Trajectory.from_json(data, where=where)
 
 
 def load_trajectories(path: str | os.PathLike) -> list[Trajectory]:

@@ -88,3 +88,15 @@ def test_benchmarks_quick(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "sampler ovh" in out and "tiny" in out
     assert "generated tokens/s" in out and "prefix reuse: twin continuation time" in out
+
+
+def test_load_episodes_names_the_bad_line(tmp_path):
+    from twice_envs.errors import TrajectoryFormatError
+
+    path = tmp_path / "eps.jsonl"
+    path.write_text('{"format": "x"}\n')
+    with pytest.raises(TrajectoryFormatError, match=r"eps\.jsonl:1: not an episode line"):
+        load_episodes(path)
+    path.write_text('\n{oops\n')
+    with pytest.raises(TrajectoryFormatError, match=r"eps\.jsonl:2: not valid JSON"):
+        load_episodes(path)
