@@ -37,6 +37,17 @@ def _run(vec, steps: int, seed: int = 0):
     return log
 
 
+def _walk_sub_env_0_to_coin(vec, infos):
+    """Walk sub-env 0 to the coin at 1 (a gust may push it past) while sub-env 1 only looks."""
+    for _ in range(12):
+        action = "right" if infos["position"][0] < 1 else "left"
+        obs, rew, term, trunc, infos = vec.step((action, "look"))
+        if term[0] or trunc[0]:
+            break
+    assert term[0] or trunc[0]
+    return term, infos
+
+
 def _assert_workers_exit(vec: TextAsyncVectorEnv, within: float = 10.0) -> None:
     for p in vec.processes:
         p.join(within)
@@ -118,13 +129,7 @@ def test_next_step_autoreset_keeps_finished_episode_reachable(mode):
     vec = twice_envs.make_vec("CoinChain-v0", 2, mode, seeds=[1, 2], options={"goal": 1})
     try:
         obs, infos = vec.reset()
-        # walk sub-env 0 to the coin at 1 (a gust may push it past); sub-env 1 only looks
-        for _ in range(12):
-            action = "right" if infos["position"][0] < 1 else "left"
-            obs, rew, term, trunc, infos = vec.step((action, "look"))
-            if term[0] or trunc[0]:
-                break
-        assert term[0] or trunc[0]
+        term, infos = _walk_sub_env_0_to_coin(vec, infos)
         finished = infos["trajectory"][0]
         assert infos["_trajectory"].tolist() == [True, False]
         assert finished.digest == vec.trajectory(0).digest
@@ -335,12 +340,7 @@ def test_disabled_autoreset_finished_sub_env_answers_episode_over(mode):
     vec = twice_envs.make_vec("CoinChain-v0", 2, mode, seeds=0, options={"goal": 1}, autoreset_mode="disabled")
     try:
         obs, infos = vec.reset()
-        for _ in range(12):
-            action = "right" if infos["position"][0] < 1 else "left"
-            obs, rew, term, trunc, infos = vec.step((action, "look"))
-            if term[0] or trunc[0]:
-                break
-        assert term[0] or trunc[0]
+        term, infos = _walk_sub_env_0_to_coin(vec, infos)
         digest = vec.trajectory(0).digest
         obs, rew, term2, trunc2, infos = vec.step(("look", "look"))
         assert "episode is over" in obs[0] and infos["invalid"][0] and rew[0] == 0.0
