@@ -215,9 +215,6 @@ def check_env(
                 _, _, _, _, g_info = safe_step(g, random_actions(g, g_info, rng, extra_actions))
             if env.trajectory.digests != record.digests:
                 _fail(f"stepping fork({t}) changed the original episode")
-        if base.supports_snapshot:
-            # the original is still steppable exactly like a fresh replay after forks
-            pass
     report.passed.append("fork == replay at every checked turn" + (" (snapshot path)" if base.supports_snapshot else " (replay path)"))
     report.passed.append("fork independence")
 
