@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 
 import twice_envs
@@ -35,6 +36,12 @@ def test_build_tiny_cli_writes_a_loadable_model(tmp_path, capsys):
     meta_file = out / "twice_model.json"
     meta_file.write_text(meta_file.read_text().replace(f'"recipe": {models.TINY_RECIPE}', '"recipe": 0'))
     assert not models.tiny_is_current(out)
+
+
+def test_other_recipes_need_their_own_folder(capsys):
+    with pytest.raises(SystemExit):
+        models.models_main(["build-tiny", "--recipe", "reader"])
+    assert "needs --out" in capsys.readouterr().err
 
 
 def test_unknown_model_names_say_what_to_do(tmp_path):
@@ -100,3 +107,39 @@ def test_load_episodes_names_the_bad_line(tmp_path):
     path.write_text('\n{oops\n')
     with pytest.raises(TrajectoryFormatError, match=r"eps\.jsonl:2: not valid JSON"):
         load_episodes(path)
+
+
+def test_copy_sequences_score_only_the_repeat():
+    seqs = models.copy_sequences(100, 50, (4, 9), first_id=3, seed=1)
+    for ids, weights in seqs:
+        n = len(ids) // 2
+        assert ids[:n] == ids[n:] and 4 <= n <= 9 and min(ids) >= 3 and max(ids) < 100
+        # the first repeated token cannot be predicted (a new run starts there): not scored
+        assert weights == [0.0] * (n + 1) + [1.0] * (n - 1)
+
+
+def test_copy_warm_up_teaches_a_small_model_to_copy():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    def model():
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
+        return transformers.LlamaForCausalLM(cfg)
+
+    def copy_accuracy(m):
+        rng = torch.Generator().manual_seed(5)
+        x = torch.randint(3, 512, (64, 12), generator=rng)
+        ids = torch.cat([x, x], 1)
+        with torch.no_grad():
+            pred = m(ids).logits.argmax(-1)
+        return float((pred[:, 12:-1] == ids[:, 13:]).float().mean())
+
+    trained = model()
+    # the settings of the reader recipe's warm-up, at its 512-token vocabulary (about 30 s)
+    losses = models.train_sft(trained, models.copy_sequences(512, 40000, (8, 32), first_id=3), steps=1000,
+                              batch_size=32, lr=3e-3, stop_loss=0.1)
+    assert len(losses) < 1000 and np.mean(losses[-25:]) < 0.1  # stopped early, at the loss asked for
+    assert copy_accuracy(model()) < 0.05  # chance is about 1/509
+    assert copy_accuracy(trained) > 0.9

@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ import pytest
 import twice_envs
 from twice_envs.envs.searchqa import protocol as P
 from twice_envs.envs.searchqa import resources
-from twice_envs.envs.searchqa.scripted import random_turn, run_episode, scripted_turns
+from twice_envs.envs.searchqa.scripted import (name_words, plan, random_turn, renamed_copies, run_episode,
+                                               scripted_turns, seen_passages)
 from twice_envs.envs.searchqa.specs import VARIANTS
 
 SMALL = {"num_entities": 60, "num_train": 40, "num_dev": 20, "num_test": 20}
@@ -203,6 +205,62 @@ def test_mixed_agent_quality_follows_skill_and_turn_format():
     env.reset(seed=0)
     turn = scripted_turns(env, np.random.default_rng(0), 0.5)
     assert turn.startswith("<think> ") and P.parse_action(turn).kind in ("search", "answer")
+
+
+def test_scripted_reasoning_quotes_the_sentence_it_reads():
+    env = small()
+    for i in range(20):
+        env.reset(seed=0, options={"index": i, "split": "train"})
+        while not env.done:
+            turn = scripted_turns(env, quote=True)
+            assert scripted_turns(env, quote=False) == scripted_turns(env)
+            kind, what = plan(env)
+            if what.get("evidence"):
+                think = turn.split("</think>")[0]
+                for sentence in what["evidence"]:
+                    assert sentence and sentence in think
+                    assert any(sentence in text for text in seen_passages(env).values())
+            env.step(turn)
+
+
+def test_renamed_copies_change_every_name_and_nothing_else():
+    env = small()
+    env.reset(seed=0)
+    words = name_words(env)
+    assert words and not words & {"The", "House", "Company", "Old", "Harbour", "Question", "Paris"}
+    rng = np.random.default_rng(0)
+    episodes = []
+    for i in range(6):
+        obs, _ = env.reset(seed=0, options={"index": i, "split": "train"})
+        turns = []
+        while not env.done:
+            action = scripted_turns(env, quote=True)
+            turns.append((action, env.step(action)[0]))
+        episodes.append((obs, turns))
+    copies = renamed_copies(env, episodes, 2, rng)
+    assert len(copies) == 12
+    word = re.compile(r"\b[A-Z][a-z]+\b")
+    changed = total = 0
+    for k, (first, turns) in enumerate(copies):
+        orig_first, orig_turns = episodes[k // 2]
+        orig = [orig_first] + [x for t in orig_turns for x in t]
+        new = [first] + [x for t in turns for x in t]
+        mapping = {}
+        for a, b in zip(orig, new):
+            # same text with name words swapped one for one, consistently within the episode
+            assert word.sub("W", a) == word.sub("W", b)
+            for wa, wb in zip(word.findall(a), word.findall(b)):
+                assert (wa not in words and wa == wb) or (wa in words and wb in words)
+                assert mapping.setdefault(wa, wb) == wb
+        assert len(set(mapping.values())) == len(mapping)
+        names = [w for w in mapping if w in words]
+        changed += sum(mapping[w] != w for w in names)
+        total += len(names)
+        # the answer is still the fact the quoted passage sentence states
+        last = turns[-1][0]
+        answer = P.parse_action(last).content
+        assert answer in last.split("</think>")[0]
+    assert copies[0] != copies[1] and total > 20 and changed >= 0.9 * total
 
 
 def test_generated_files_are_byte_identical_across_processes(tmp_path):
