@@ -83,6 +83,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--oracle-rollouts", type=int, default=None)
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--skip-training", action="store_true")
+    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a model directory (e.g. a reader-recipe build)")
+    p.add_argument("--max-new-tokens", type=int, default=None,
+                   help="tokens per turn at most (default: the CPU default, 40; reader-recipe turns need about 128)")
     a = p.parse_args(argv)
 
     from twice_envs.agents.audit import AuditConfig, format_table, run_audit, write_outputs
@@ -110,10 +113,11 @@ def main(argv: Sequence[str]) -> int:
         fig[f"toy_mse_vs_grpo_{k}"] = trows[k]["mse_vs_grpo"]
     fig["toy_rho_twin"] = toy_res.pair_table[0]["rho"]
 
-    policy = load_policy("tiny")
+    policy = load_policy(a.model)
+    turn_tokens = a.max_new_tokens or cpu_config().max_new_tokens
     log(f"audit: {audit_q} dev questions, {oracle} oracle rollouts per state")
-    print("\nSearchQA-v0, tiny model, oracle A* from rollouts:")
-    res = run_audit(policy, AuditConfig(questions=audit_q, oracle_rollouts=oracle, seed=7))
+    print(f"\nSearchQA-v0, model {a.model}, oracle A* from rollouts:")
+    res = run_audit(policy, AuditConfig(questions=audit_q, oracle_rollouts=oracle, seed=7, max_new_tokens=turn_tokens))
     print(format_table(res), end="")
     write_outputs(res, out / "audit")
     rows = {r["method"]: r for r in res.table}
@@ -126,14 +130,15 @@ def main(argv: Sequence[str]) -> int:
 
     if not a.skip_training:
         base = cpu_config(updates=updates, eval_every=eval_every, eval_questions=20 if q else 60, seed=3,
-                          checkpoint_every=updates, questions_per_update=2 if q else 6)
+                          checkpoint_every=updates, questions_per_update=2 if q else 6, model=a.model,
+                          max_new_tokens=turn_tokens)
         if q:
             base = replace(base, twice=replace(base.twice, warmup_updates=1))
         runs = {}
         for method in ("grpo", "twice"):
             log(f"training {method}: {updates} updates")
             runs[method] = train(replace(base, method=method, out_dir=str(out / method)), progress=False,
-                                 policy=load_policy("tiny"), eval_before=True)
+                                 policy=load_policy(a.model), eval_before=True)
         evals = {}
         for m in runs:
             rows0 = [json.loads(l) for l in (out / m / "metrics.jsonl").read_text().splitlines() if l.strip()]

@@ -143,3 +143,26 @@ def test_copy_warm_up_teaches_a_small_model_to_copy():
     assert len(losses) < 1000 and np.mean(losses[-25:]) < 0.1  # stopped early, at the loss asked for
     assert copy_accuracy(model()) < 0.05  # chance is about 1/509
     assert copy_accuracy(trained) > 0.9
+
+
+def test_stacked_layers_start_out_computing_what_the_shallow_model_does():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+
+    def llama(layers):
+        cfg = transformers.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+        return transformers.LlamaForCausalLM(cfg).eval()
+
+    torch.manual_seed(0)
+    bottom, deep = llama(2), llama(4)
+    ids = torch.randint(0, 50, (3, 17))
+    with torch.no_grad():
+        before = deep(ids).logits
+        models.stack_layers(deep, bottom)
+        assert torch.allclose(deep(ids).logits, bottom(ids).logits, atol=1e-5)
+        assert not torch.allclose(before, bottom(ids).logits, atol=1e-3)
+    # the stacked layers still learn: their input projections get gradients
+    deep.train()
+    deep(ids, labels=ids).loss.backward()
+    assert deep.model.layers[3].mlp.down_proj.weight.grad.abs().sum() > 0

@@ -72,9 +72,9 @@ def evidence_sentence(text: str, value: str) -> str:
 def plan(env: Any) -> tuple[str, dict]:
     """What a careful reader does next: ``("search", need)`` or ``("answer", {"answer": ...})``.
 
-    ``need`` holds ``subject``, ``kind`` and ``relation`` of the missing fact; both carry
-    ``evidence``, the passage sentences read since the last search (quoted in the turn's
-    reasoning, so the fact is copied where it is read).
+    ``need`` holds ``subject``, ``kind`` and ``relation`` of the missing fact. Both carry
+    ``evidence``: the passage sentences that state the facts the step rests on (the previous
+    hop's, or both of a comparison), which ``quote=True`` turns quote.
     """
     base = _base(env)
     prog = base.task.metadata.get("program") if isinstance(base.task.metadata, dict) else None
