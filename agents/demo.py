@@ -101,17 +101,20 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
 
 
 def demo_main(argv: Sequence[str]) -> int:
-    """``twice demo [--quick] [--out DIR]``."""
+    """``twice demo [--quick] [--out DIR] [--model M --max-new-tokens N]``."""
     p = argparse.ArgumentParser(prog="twice demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
     p.add_argument("--out", default=None, help="output directory (default runs/demo)")
     p.add_argument("--updates", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--model", default="tiny", help="tiny (default), or a model directory such as a reader-recipe build")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (reader builds: 128)")
     a = p.parse_args(argv)
     cfg = QUICK if a.quick else DemoConfig()
     if a.out:
         cfg = replace(cfg, out=a.out)
     if a.updates:
         cfg = replace(cfg, updates=a.updates)
-    run_demo(cfg, progress=not a.no_progress and sys.stderr.isatty())
+    overrides = {"max_new_tokens": a.max_new_tokens} if a.max_new_tokens else None
+    run_demo(cfg, model=a.model, progress=not a.no_progress and sys.stderr.isatty(), overrides=overrides)
     return 0

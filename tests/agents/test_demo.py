@@ -20,3 +20,14 @@ def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
 
         assert Path(res["paths"][key]).stat().st_size > 0
     assert set(res) >= {"before", "grpo", "twice"}
+
+
+def test_demo_cli_passes_the_model_and_turn_length(monkeypatch):
+    from twice_envs.agents import demo
+
+    seen = {}
+    monkeypatch.setattr(demo, "run_demo", lambda cfg, **kw: seen.update(kw, cfg=cfg))
+    assert demo.demo_main(["--quick", "--model", "some/dir", "--max-new-tokens", "128", "--no-progress"]) == 0
+    assert seen["model"] == "some/dir" and seen["overrides"] == {"max_new_tokens": 128} and seen["cfg"] == demo.QUICK
+    assert demo.demo_main(["--quick", "--no-progress"]) == 0
+    assert seen["model"] == "tiny" and seen["overrides"] is None
