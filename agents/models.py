@@ -140,7 +140,13 @@ class TinyModelConfig:
 #:   permuted, and a 512-token vocabulary. It copies names from the question into its queries
 #:   and from the passages into its answers: dev EM 0.07 greedy (single-hop 0.18), 0.035 at
 #:   temperature 1; its turns need about 128 new tokens.
-RECIPES: dict[str, TinyModelConfig] = {}
+RECIPES: dict[str, TinyModelConfig] = {
+    "default": TinyModelConfig(),
+    "reader": TinyModelConfig(
+        agent_options={"SearchQA-v0": {"quote": True}}, renamed_copies=4, vocab_size=512, num_layers=4,
+        num_kv_heads=4, max_len=768, copy_steps=1500, copy_layers=2, steps=1000,
+    ),
+}
 
 
 # ----------------------------------------------------------------------------- cache
@@ -507,13 +513,6 @@ def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log
             log(f"step {step + 1}/{steps} loss {np.mean(losses[-25:]):.3f}")
         if done:
             break
-
-
-RECIPES["default"] = TinyModelConfig()
-RECIPES["reader"] = TinyModelConfig(
-    agent_options={"SearchQA-v0": {"quote": True}}, renamed_copies=4, vocab_size=512, num_layers=4, num_kv_heads=4,
-    max_len=768, copy_steps=1500, copy_layers=2, steps=1000,
-)
 
 
 def tiny_path() -> Path:
