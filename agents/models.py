@@ -133,13 +133,13 @@ class TinyModelConfig:
 #:
 #: * ``default``: about 2.5 minutes on two idle cores. Learns the action format of the envs
 #:   (95% valid SearchQA turns) but not to copy names: SearchQA dev EM 0.
-#: * ``reader``: about 8 minutes. A copying warm-up on two layers (induction heads form there
-#:   in about 700 steps; with three or four layers, or a 1k-8k vocabulary, they had not after
-#:   600-1,500 steps), two more layers stacked on top, then SearchQA transcripts whose
-#:   reasoning quotes the sentence a fact is read from, four copies of each with the names
-#:   permuted, and a 512-token vocabulary. It copies names from the question into its queries
-#:   and from the passages into its answers: dev EM 0.07 greedy (single-hop 0.18), 0.035 at
-#:   temperature 1; its turns need about 128 new tokens.
+#: * ``reader``: 8.6 minutes on two idle cores. A copying warm-up on two layers (induction
+#:   heads form there in about 700 steps; with three or four layers, or a 1k-8k vocabulary,
+#:   they had not after 600-1,500 steps), two more layers stacked on top, then SearchQA
+#:   transcripts whose reasoning quotes the sentence a fact is read from, four copies of each
+#:   with the names permuted, and a 512-token vocabulary. It copies names from the question
+#:   into its queries and from the passages into its answers: dev EM 0.07 greedy (single-hop
+#:   0.18), 0.035 at temperature 1; its turns need about 128 new tokens.
 RECIPES: dict[str, TinyModelConfig] = {
     "default": TinyModelConfig(),
     "reader": TinyModelConfig(
