@@ -329,8 +329,9 @@ def _sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.
 
 
 def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
-               progress: bool = True) -> Path:
-    """Build the tiny default model into ``out_dir`` (default: the cache) and return its path."""
+               progress: bool = True, recipe: str = "default") -> Path:
+    """Build the tiny default model into ``out_dir`` (default: the cache) and return its path;
+    ``recipe`` names the :data:`RECIPES` entry ``config`` came from (recorded with the build)."""
     torch = require("torch", "hf", "the tiny model")
     transformers = require("transformers", "hf", "the tiny model")
     cfg = config or TinyModelConfig()
@@ -418,7 +419,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
+    meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "recipe_name": recipe, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
             "train_tokens": n_tok, "seconds": round(time.time() - t0, 1)}
     (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
     if final.exists():
@@ -519,15 +520,17 @@ def tiny_path() -> Path:
     return models_dir() / TINY_NAME
 
 
-def tiny_is_current(path: os.PathLike) -> bool:
-    """Whether ``path`` holds a tiny model built by the current recipe (:data:`TINY_RECIPE`)."""
+def tiny_is_current(path: os.PathLike, recipe: str = "default") -> bool:
+    """Whether ``path`` holds a tiny model built by the current version (:data:`TINY_RECIPE`) of
+    the named recipe (builds that do not record a name are ``default`` ones)."""
     meta = Path(path) / "twice_model.json"
     if not (Path(path) / "config.json").exists() or not meta.exists():
         return False
     try:
-        return json.loads(meta.read_text()).get("recipe", 1) == TINY_RECIPE
+        info = json.loads(meta.read_text())
     except (OSError, ValueError):
         return False
+    return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name", "default") == recipe
 
 
 # ----------------------------------------------------------------------------- smollm2
@@ -652,10 +655,10 @@ def models_main(argv: Sequence[str]) -> int:
         if args.recipe != "default" and not args.out:
             parser.error("--recipe other than default needs --out DIR (the cached 'tiny' model is the default recipe)")
         out = Path(args.out) if args.out else tiny_path()
-        if tiny_is_current(out) and not args.force:
+        if tiny_is_current(out, args.recipe) and not args.force:
             print(f"{out}: already built (use --force to rebuild)")
             return 0
-        build_tiny(out, cfg)
+        build_tiny(out, cfg, recipe=args.recipe)
         print(out)
         return 0
     if args.cmd == "smollm2":
