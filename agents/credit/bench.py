@@ -9,7 +9,9 @@ In one run, with fixed seeds:
 On generated SearchQA with the tiny model:
 
 1. **Credit audit** (equal auxiliary budget: one twin or counterfactual per decision
-   for Twice and CRR): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
+   for Twice and CRR) of the dev questions whose group has mixed outcomes (screened from
+   ``--audit-questions`` candidates; where a weak policy fails every episode no
+   estimator has anything to measure): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
    Pearson correlation of Twice's credit with the oracle (target >= 0.7), Twice's MSE
    relative to GRPO's (target <= 0.3).
 2. **Training**: GRPO and Twice for the same updates on the same questions; the
@@ -83,9 +85,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--oracle-rollouts", type=int, default=None)
     p.add_argument("--json", default=None, help="also write the figures to this file")
     p.add_argument("--skip-training", action="store_true")
-    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a model directory (e.g. a reader-recipe build)")
-    p.add_argument("--max-new-tokens", type=int, default=None,
-                   help="tokens per turn at most (default: the CPU default, 40; reader-recipe turns need about 128)")
+    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a model directory")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (default: the CPU default, 128)")
     a = p.parse_args(argv)
 
     from twice_envs.agents.audit import AuditConfig, format_table, run_audit, write_outputs
@@ -95,7 +96,7 @@ def main(argv: Sequence[str]) -> int:
     q = a.quick
     updates = a.updates or (3 if q else 30)
     eval_every = 1 if q else 5
-    audit_q = a.audit_questions or (3 if q else 24)
+    audit_q = a.audit_questions or (3 if q else 120)
     oracle = a.oracle_rollouts or (2 if q else 12)
     out = Path(a.out)
     t0 = time.time()
@@ -115,9 +116,11 @@ def main(argv: Sequence[str]) -> int:
 
     policy = load_policy(a.model)
     turn_tokens = a.max_new_tokens or cpu_config().max_new_tokens
-    log(f"audit: {audit_q} dev questions, {oracle} oracle rollouts per state")
-    print(f"\nSearchQA-v0, model {a.model}, oracle A* from rollouts:")
-    res = run_audit(policy, AuditConfig(questions=audit_q, oracle_rollouts=oracle, seed=7, max_new_tokens=turn_tokens))
+    log(f"audit: the mixed-outcome groups among {audit_q} dev questions, {oracle} oracle rollouts per state")
+    res = run_audit(policy, AuditConfig(questions=audit_q, oracle_rollouts=oracle, seed=7, max_new_tokens=turn_tokens,
+                                        mixed_only=True), log=log)
+    print(f"\nSearchQA-v0, model {a.model}, oracle A* from rollouts ({res.questions} of {audit_q} dev questions "
+          "have mixed outcomes):")
     print(format_table(res), end="")
     write_outputs(res, out / "audit")
     rows = {r["method"]: r for r in res.table}
@@ -127,6 +130,8 @@ def main(argv: Sequence[str]) -> int:
     fig["mse_twice_vs_grpo"] = rows["twice"]["mse_vs_grpo"]
     fig["audit_decisions"] = rows["twice"]["decisions"]
     fig["audit_scored"] = rows["twice"]["scored"]
+    fig["audit_questions"] = res.questions
+    fig["audit_candidates"] = audit_q
 
     if not a.skip_training:
         base = cpu_config(updates=updates, eval_every=eval_every, eval_questions=20 if q else 60, seed=3,
@@ -183,7 +188,8 @@ def main(argv: Sequence[str]) -> int:
     row("SearchQA:   Twice / CRR", ws_t / ws_c if ws_c else None, "<= 0.333")
     row("SearchQA: Pearson(Twice credit, oracle)", fig["pearson_twice"], ">= 0.7 (0.72)")
     row("SearchQA: MSE Twice / MSE GRPO", fig["mse_twice_vs_grpo"], "<= 0.3 (0.23)")
-    row("SearchQA: audited decisions with |A*| >= 0.05", fig["audit_scored"], f"of {fig['audit_decisions']}")
+    row("SearchQA: audited decisions with |A*| >= 0.05", fig["audit_scored"],
+        f"of {fig['audit_decisions']} ({fig['audit_questions']} mixed-outcome questions of {audit_q})")
     if not a.skip_training:
         row("initial dev EM (greedy)", fig["initial_dev_em"], "")
         row("GRPO final dev EM", fig["grpo_final_dev_em"], "")

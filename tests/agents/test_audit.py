@@ -45,3 +45,25 @@ def test_audit_end_to_end_on_the_toy(tmp_path):
     for p in paths.values():
         assert p.exists() and p.stat().st_size > 0
     assert (tmp_path / "audit.csv").read_text().splitlines()[0].startswith("method,")
+
+
+def test_mixed_groups_keeps_the_groups_whose_outcomes_differ():
+    u = [0, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0.5, 0.5]
+    assert audit.mixed_groups(u, 3) == [3, 9]
+    assert audit.mixed_groups([1.0] * 6, 3) == []
+
+
+def test_audit_of_mixed_groups_only_on_the_toy(tmp_path):
+    from twice_envs.agents import toy  # noqa: F401  (registers CreditToy-v0)
+
+    cfg = audit.AuditConfig(env="CreditToy-v0", questions=4, group_size=3, oracle_rollouts=2, max_new_tokens=3,
+                            max_turns=3, indexed_tasks=False, mixed_only=True)
+    policy = small_policy(0)
+    full = audit.run_audit(policy, audit.AuditConfig(**{**cfg.__dict__, "mixed_only": False}))
+    res = audit.run_audit(policy, cfg)
+    # the same factual groups are sampled; only the mixed ones are audited
+    assert res.group_utilities == full.group_utilities
+    mixed = audit.mixed_groups(full.group_utilities, 3)
+    assert full.questions == 4 and 0 < res.questions == len(mixed) < 4
+    assert len(res.oracle) < len(full.oracle)
+    assert audit.format_table(res) and audit.write_outputs(res, tmp_path)["audit.png"].exists()

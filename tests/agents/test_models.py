@@ -19,8 +19,8 @@ from twice_envs.play import replay_main
 
 def test_build_tiny_cli_writes_a_loadable_model(tmp_path, capsys):
     out = tmp_path / "tiny"
-    rc = models.models_main(["build-tiny", "--out", str(out), "--steps", "2", "--episodes", "4", "--threads", "1",
-                             "--envs", "CoinChain-v0,NoSuchEnv-v0"])
+    rc = models.models_main(["build-tiny", "--recipe", "format", "--out", str(out), "--steps", "2", "--episodes", "4",
+                             "--threads", "1", "--envs", "CoinChain-v0,NoSuchEnv-v0"])
     assert rc == 0 and (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
     meta = (out / "twice_model.json").read_text()
     assert "CoinChain-v0" in meta and "NoSuchEnv-v0\": " not in meta
@@ -29,19 +29,52 @@ def test_build_tiny_cli_writes_a_loadable_model(tmp_path, capsys):
     p = HFPolicy.from_pretrained(out)
     n = sum(x.numel() for x in p.model.parameters())
     assert 0.5e6 < n < 3e6  # the default architecture: ~1M parameters
-    assert models.models_main(["build-tiny", "--out", str(out)]) == 0
+    assert models.models_main(["build-tiny", "--recipe", "format", "--out", str(out)]) == 0
     assert "already built" in capsys.readouterr().out
     # a build by another recipe, or an older version of it, is not reused
-    assert models.tiny_is_current(out) and not models.tiny_is_current(out, "reader")
+    assert models.tiny_is_current(out, "format") and not models.tiny_is_current(out)
     meta_file = out / "twice_model.json"
     meta_file.write_text(meta_file.read_text().replace(f'"recipe": {models.TINY_RECIPE}', '"recipe": 0'))
-    assert not models.tiny_is_current(out)
+    assert not models.tiny_is_current(out, "format")
 
 
 def test_other_recipes_need_their_own_folder(capsys):
     with pytest.raises(SystemExit):
-        models.models_main(["build-tiny", "--recipe", "reader"])
+        models.models_main(["build-tiny", "--recipe", "format"])
     assert "needs --out" in capsys.readouterr().err
+
+
+def test_check_only_rebuilds_the_shipped_recipe(capsys):
+    with pytest.raises(SystemExit):
+        models.models_main(["build-tiny", "--check", "--steps", "10"])
+    assert "without changes" in capsys.readouterr().err
+
+
+def test_the_shipped_tiny_model_is_the_default_recipe_of_this_version():
+    import json
+    from dataclasses import asdict
+
+    assert models.tiny_is_current(models.SHIPPED_TINY), "the shipped tiny model is missing or from another recipe"
+    meta = json.loads((models.SHIPPED_TINY / "twice_model.json").read_text())
+    recipe = json.loads(json.dumps(asdict(models.RECIPES[models.DEFAULT_RECIPE]), default=list))
+    # the thread count does not change the bytes (builds on one and two threads are identical)
+    assert {k: v for k, v in meta["config"].items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
+
+
+def test_tiny_falls_back_to_the_shipped_model_without_building(tmp_path, monkeypatch):
+    monkeypatch.setattr(models, "models_dir", lambda: tmp_path)
+    monkeypatch.setattr(models, "build_tiny", lambda *a, **k: pytest.fail("the shipped model should be used"))
+    assert models.resolve_model_dir("tiny") == models.SHIPPED_TINY
+    # a current build in the cache takes precedence over the shipped copy
+    shutil.copytree(models.SHIPPED_TINY, tmp_path / "tiny")
+    assert models.resolve_model_dir("tiny") == tmp_path / "tiny"
+
+
+@pytest.mark.slow
+def test_build_tiny_reproduces_the_shipped_model_byte_for_byte(tmp_path):
+    # about six minutes: the shipped weights must be exactly what the recipe builds
+    out = models.build_tiny(tmp_path / "tiny", progress=False)
+    assert models.same_build(out, models.SHIPPED_TINY)
 
 
 def test_unknown_model_names_say_what_to_do(tmp_path):
