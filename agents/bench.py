@@ -115,7 +115,7 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--model", default="tiny")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="2 tasks x 2, 24 tokens, 2 turns")
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@
   envs' own generators (SearchQA first). The scripted agents mix good and bad
   decisions (premature answers, weak queries) so the warm-started policy's decisions
   have real outcome variance. ``twice models build-tiny`` builds it (the ``reader``
-  recipe, about six minutes on two CPU cores) into the cache; the package also ships
+  recipe, 6.5 minutes on two CPU cores) into the cache; the package also ships
   that build (:data:`SHIPPED_TINY`, bit-identical to a build here), so :func:`load_policy`
   needs no build on a fresh install.
 * ``smollm2-135m``: the SmolLM2-135M-Instruct weights shipped as a GGUF file inside the
@@ -144,13 +144,13 @@ class TinyModelConfig:
 
 #: Named recipes of ``twice models build-tiny --recipe``.
 #:
-#: * ``reader`` (the default, the shipped ``tiny`` model): about six minutes on two idle cores.
+#: * ``reader`` (the default, the shipped ``tiny`` model): 6.5 minutes on two idle cores.
 #:   A copying warm-up on two layers (induction heads form there in about 700 steps; with
 #:   three or four layers, or a 1k-8k vocabulary, they had not after 600-1,500 steps), two
 #:   more layers stacked on top, then SearchQA transcripts whose reasoning quotes the sentence
 #:   a fact is read from, four copies of each with the names permuted, and a 512-token
 #:   vocabulary. It copies names from the question into its queries and from the passages
-#:   into its answers: dev EM 0.07 greedy (single-hop 0.18), 0.035 at temperature 1; its
+#:   into its answers: dev EM 0.06 greedy (single-hop 0.13), 0.03 at temperature 1; its
 #:   turns need about 128 new tokens.
 #: * ``format``: about 2.5 minutes. Learns the action format of the envs (95% valid
 #:   SearchQA turns) but not to copy names: SearchQA dev EM 0. The field defaults of

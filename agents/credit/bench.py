@@ -96,8 +96,8 @@ def main(argv: Sequence[str]) -> int:
     q = a.quick
     updates = a.updates or (3 if q else 30)
     eval_every = 1 if q else 5
-    audit_q = a.audit_questions or (3 if q else 120)
-    oracle = a.oracle_rollouts or (2 if q else 12)
+    audit_q = a.audit_questions or (3 if q else 300)
+    oracle = a.oracle_rollouts or (2 if q else 16)
     out = Path(a.out)
     t0 = time.time()
     log = lambda m: print(f"[bench credit {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)  # noqa: E731

@@ -31,3 +31,12 @@ def test_demo_cli_passes_the_model_and_turn_length(monkeypatch):
     assert seen["model"] == "some/dir" and seen["overrides"] == {"max_new_tokens": 128} and seen["cfg"] == demo.QUICK
     assert demo.demo_main(["--quick", "--no-progress"]) == 0
     assert seen["model"] == "tiny" and seen["overrides"] is None
+
+
+def test_the_demo_trains_on_single_hop_searchqa_unless_told_otherwise():
+    from twice_envs.agents import demo
+
+    cfg = DemoConfig()
+    assert demo.trainer_overrides(cfg, "SearchQA-v0") == {"env_kwargs": {"generator": {"mix": [1.0, 0.0, 0.0, 0.0]}}}
+    assert demo.trainer_overrides(cfg, "SearchQA-v0", {"env_kwargs": {}, "lr": 1.0}) == {"env_kwargs": {}, "lr": 1.0}
+    assert demo.trainer_overrides(cfg, "CreditToy-v0", {"max_new_tokens": 3}) == {"max_new_tokens": 3}

@@ -72,7 +72,7 @@ def test_tiny_falls_back_to_the_shipped_model_without_building(tmp_path, monkeyp
 
 @pytest.mark.slow
 def test_build_tiny_reproduces_the_shipped_model_byte_for_byte(tmp_path):
-    # about six minutes: the shipped weights must be exactly what the recipe builds
+    # about 6.5 minutes: the shipped weights must be exactly what the recipe builds
     out = models.build_tiny(tmp_path / "tiny", progress=False)
     assert models.same_build(out, models.SHIPPED_TINY)
 
