@@ -1,6 +1,6 @@
 """Run a language-model agent on SearchQA-v0, then a coupled twin of one of its turns.
 
-    python examples/agent_rollout.py                 # the tiny default model (built on first use)
+    python examples/agent_rollout.py                 # the tiny model shipped with the package
     python examples/agent_rollout.py --model smollm2-135m
     python examples/agent_rollout.py --model /path/to/a/local/hf/model
 """
@@ -17,7 +17,7 @@ parser.add_argument("--env", default="SearchQA-v0")
 args = parser.parse_args()
 
 policy = load_policy(args.model)
-sampling = SamplingConfig(temperature=1.0, max_new_tokens=48)
+sampling = SamplingConfig(temperature=1.0, max_new_tokens=128)
 
 # Two tasks, a group of two episodes each: batched generation across all four.
 episodes = rollout(policy, args.env, [Task(0), Task(1)], group_size=2, sampling=sampling, max_turns=3)

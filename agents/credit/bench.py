@@ -66,7 +66,8 @@ def toy_audit(n_groups: int = 600, seed: int = 0):
     credit["vineppo"] = np.concatenate(vineppo.vine_credit(eps, vals))
     aux["vineppo"] = sum(t.num_generated_tokens for t in vals)
     return AuditResult(oracle, credit, aux, pairs, summarize(oracle, credit, aux), summarize_pairs(oracle, pairs),
-                       sum(e.num_generated_tokens for e in eps))
+                       sum(e.num_generated_tokens for e in eps), questions=n_groups,
+                       group_utilities=[e.utility for e in eps])
 
 
 def _updates_to_reach(evals: list[tuple[int, float]], target: float) -> int | None:
