@@ -44,10 +44,22 @@ def test_other_recipes_need_their_own_folder(capsys):
     assert "needs --out" in capsys.readouterr().err
 
 
-def test_check_only_rebuilds_the_shipped_recipe(capsys):
+def test_check_only_rebuilds_the_shipped_recipe(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         models.models_main(["build-tiny", "--check", "--steps", "10"])
     assert "without changes" in capsys.readouterr().err
+    # another thread count is the same recipe: the check builds it and compares
+    seen = {}
+
+    def fake_build(out, cfg, recipe):
+        seen.update(threads=cfg.threads, recipe=recipe)
+        shutil.copytree(models.SHIPPED_TINY, out)
+        return out
+
+    monkeypatch.setattr(models, "build_tiny", fake_build)
+    assert models.models_main(["build-tiny", "--check", "--threads", "1"]) == 0
+    assert seen == {"threads": 1, "recipe": models.DEFAULT_RECIPE}
+    assert "same bytes as" in capsys.readouterr().out
 
 
 def test_the_shipped_tiny_model_is_the_default_recipe_of_this_version():
@@ -199,3 +211,12 @@ def test_stacked_layers_start_out_computing_what_the_shallow_model_does():
     deep.train()
     deep(ids, labels=ids).loss.backward()
     assert deep.model.layers[3].mlp.down_proj.weight.grad.abs().sum() > 0
+
+
+def test_same_build_compares_the_bytes(tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(models.SHIPPED_TINY, copy)
+    assert models.same_build(copy, models.SHIPPED_TINY)
+    (copy / "config.json").write_text((copy / "config.json").read_text().replace('"num_hidden_layers": 4', '"num_hidden_layers": 3'))
+    assert not models.same_build(copy, models.SHIPPED_TINY)
+    assert not models.same_build(tmp_path / "missing", tmp_path / "missing")
