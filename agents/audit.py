@@ -1,7 +1,8 @@
 """The credit audit: how well does each estimator's credit match the true advantage?
 
 For held-out questions, sample factual episodes (GRPO groups of ``G``; the first
-episode of each group is audited), estimate every audited decision's *oracle*
+episode of each group is audited, and with ``mixed_only`` only the groups whose
+outcomes differ), estimate every audited decision's *oracle*
 advantage ``A* = V(s_{t+1}) - V(s_t)`` from many independent rollouts per state
 (``V(s_T) = U`` at the end), and compute each estimator's credit for the same
 decisions, before any normalisation, in utility units:
