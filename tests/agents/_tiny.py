@@ -19,7 +19,7 @@ TEST_CONFIG = TinyModelConfig(
 @functools.lru_cache(maxsize=1)
 def tiny_dir() -> Path:
     root = Path(tempfile.mkdtemp(prefix="twice-test-tiny-"))
-    return build_tiny(root / "tiny", TEST_CONFIG, progress=False)
+    return build_tiny(root / "tiny", TEST_CONFIG, progress=False, recipe="test")
 
 
 @functools.lru_cache(maxsize=1)
