@@ -124,9 +124,10 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     tasks = [Task(i, {"split": config.split, "index": i} if indexed else {}) for i in range(config.questions)]
     eps = rollout(policy, config.env, tasks, group_size=config.group_size, sampling=sampling,
                   env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns)
+    utilities = [e.utility for e in eps]
     audited = [g * config.group_size for g in range(config.questions)]
     if config.mixed_only:
-        audited = mixed_groups([e.utility for e in eps], config.group_size)
+        audited = mixed_groups(utilities, config.group_size)
     decisions = [(i, t) for i in audited for t in range(len(eps[i].turns))]
     log(f"audit: {len(audited)} episodes, {len(decisions)} decisions")
 
@@ -135,7 +136,7 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     oracle = np.array([v_star[i][t + 1] - v_star[i][t] for i, t in decisions])
     log(f"audit: oracle from {len(recs)} rollouts")
 
-    util = np.array([e.utility for e in eps])
+    util = np.array(utilities)
     groups = np.array([e.group for e in eps])
     credit, aux, pairs = {}, {}, {}
     credit["grpo"] = np.array([util[i] - util[groups == groups[i]].mean() for i, t in decisions])
@@ -156,7 +157,7 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     ptoks = sum(eps[i].num_generated_tokens for i in audited)
     table = summarize(oracle, credit, aux, config.threshold)
     pair_table = summarize_pairs(oracle, pairs, config.threshold)
-    return AuditResult(oracle, credit, aux, pairs, table, pair_table, ptoks, len(audited), [e.utility for e in eps])
+    return AuditResult(oracle, credit, aux, pairs, table, pair_table, ptoks, len(audited), utilities)
 
 
 def mixed_groups(utilities: Sequence[float], group_size: int) -> list[int]:

@@ -492,10 +492,21 @@ def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, bat
     model.train()
     losses = []
     with torch.enable_grad():
-        batches = bucket_batches([len(s) for s, _ in seqs], batch_size, g) if length_buckets else None
-        _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log, stop_loss, batches)
+        if length_buckets:
+            batches = bucket_batches([len(s) for s, _ in seqs], batch_size, g)
+        else:
+            batches = random_batches(len(seqs), batch_size, g)
+        _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss)
     model.eval()
     return losses
+
+
+def random_batches(n: int, batch_size: int, g) -> Iterator[list[int]]:
+    """Endless batches of ``batch_size`` indices below ``n``, drawn uniformly with replacement."""
+    import torch
+
+    while True:
+        yield torch.randint(n, (batch_size,), generator=g).tolist()
 
 
 def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64) -> Iterator[list[int]]:
@@ -515,16 +526,11 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64)
             yield chunks[c]
 
 
-def _sft_loop(model, seqs, opt, sched, g, steps, batch_size, pad_id, losses, log, stop_loss=None,
-              batches=None) -> None:
+def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss=None) -> None:
     import torch
 
     for step in range(steps):
-        if batches is not None:
-            idx = next(batches)
-        else:
-            idx = torch.randint(len(seqs), (batch_size,), generator=g).tolist()
-        batch = [seqs[i] for i in idx]
+        batch = [seqs[i] for i in next(batches)]
         width = max(len(s) for s, _ in batch)
         ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(batch), width), dtype=torch.long)
