@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -83,7 +82,8 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
         run_cfg = replace(base, method=method, out_dir=str(out / method))
         say(f"training {method} for {cfg.updates} updates -> {run_cfg.out_dir}")
         trained[method] = load()
-        metrics = train(run_cfg, progress=progress, policy=trained[method])
+        # the demo owns its folder: a second ``twice demo`` replaces the first one's runs
+        metrics = train(run_cfg, progress=progress, overwrite=True, policy=trained[method])
         after = evaluate(trained[method], run_cfg)
         results[method] = {"after": after, "seconds_per_update": sum(m["time"] for m in metrics) / len(metrics),
                            "realised_beta": sum(m["aux_tokens"] for m in metrics) / max(1, sum(m["generated_tokens"] for m in metrics))}
@@ -120,7 +120,7 @@ def demo_main(argv: Sequence[str]) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test")
     p.add_argument("--out", default=None, help="output directory (default runs/demo)")
     p.add_argument("--updates", type=int, default=None)
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no line per training update on stderr")
     p.add_argument("--model", default="tiny", help="tiny (default), smollm2-135m or a model directory")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (default 128)")
     a = p.parse_args(argv)
@@ -130,5 +130,5 @@ def demo_main(argv: Sequence[str]) -> int:
     if a.updates:
         cfg = replace(cfg, updates=a.updates)
     overrides = {"max_new_tokens": a.max_new_tokens} if a.max_new_tokens else None
-    run_demo(cfg, model=a.model, progress=not a.no_progress and sys.stderr.isatty(), overrides=overrides)
+    run_demo(cfg, model=a.model, progress=not a.no_progress, overrides=overrides)
     return 0

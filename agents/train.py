@@ -7,8 +7,10 @@ The loop only wires the parts together, once per update:
 
 Everything that matters for reproducibility lives in :class:`TrainConfig`; a run
 directory holds ``config.json``, ``metrics.jsonl`` (one line per update), and
-``checkpoint/`` (model, optimiser, scheduler, predictor and every RNG state), from
-which ``--resume`` continues exactly.
+``checkpoint/state.pt`` (model, optimiser, scheduler, predictor and every RNG state, as
+tensors and plain values only), from which ``--resume`` continues exactly. Checkpoints
+are read with ``torch.load(..., weights_only=True)``, so a crafted file cannot run code.
+Training into a folder that already holds a run needs ``resume`` or ``overwrite``.
 
 ``twice train --env SearchQA-v0 --model tiny --method twice`` uses the CPU defaults
 for the tiny model; any other model gets the published defaults (:func:`published_config`).
@@ -24,6 +26,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -34,7 +37,16 @@ from twice_envs.agents.credit import predictor as pred
 from twice_envs.agents.credit.ablations import ABLATIONS, apply_ablations
 from twice_envs.agents.credit.collect import METHODS, credit_step
 from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.trajectory import atomic_write_text
+
+
+class CheckpointError(TwiceError, ValueError):
+    """A checkpoint file is missing, unreadable, or holds more than tensors and plain values."""
+
+
+class RunExistsError(TwiceError, FileExistsError):
+    """The run directory already holds a run, and neither resume nor overwrite was asked for."""
 
 
 @dataclass
@@ -182,13 +194,24 @@ def init_state(config: TrainConfig, policy=None) -> TrainState:
     return TrainState(policy, reference, opt, sched, pred.PredictorState(), np.random.default_rng(config.seed))
 
 
+CHECKPOINT_FORMAT = 1
+"""Version of the layout :func:`save_checkpoint` writes (stored under ``"format"``)."""
+
+_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "predictor", "rng", "torch_rng", "python_rng", "update")
+
+
 def save_checkpoint(state: TrainState, path: os.PathLike) -> None:
-    """Atomically write model, optimiser, scheduler, predictor and RNG states."""
+    """Atomically write model, optimiser, scheduler, predictor and RNG states to ``path/state.pt``.
+
+    Only tensors and plain values (dicts, lists, tuples, numbers, strings) go in, so the
+    file loads with ``torch.load(weights_only=True)``.
+    """
     import torch
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     blob = {
+        "format": CHECKPOINT_FORMAT,
         "model": state.policy.model.state_dict(),
         "optimizer": state.optimizer.state_dict(),
         "scheduler": state.scheduler.state_dict(),
@@ -203,11 +226,51 @@ def save_checkpoint(state: TrainState, path: os.PathLike) -> None:
     os.replace(tmp, path / "state.pt")
 
 
-def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:
-    """Restore a checkpoint written by :func:`save_checkpoint` into ``state``."""
+def read_checkpoint(file: os.PathLike) -> dict:
+    """The contents of a ``state.pt`` written by :func:`save_checkpoint`, loaded without running code.
+
+    Raises :class:`CheckpointError` naming the file when it is missing, truncated, not a
+    torch file, holds objects other than tensors and plain values (a pickle that would
+    run code is refused, never executed), or lacks a checkpoint's fields.
+    """
+    import pickle
+
     import torch
 
-    blob = torch.load(Path(path) / "state.pt", weights_only=False)
+    file = Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no checkpoint file there")
+    try:
+        blob = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{file}: refused to load: it holds objects other than tensors and plain values "
+                              f"(not a checkpoint written by twice train; loading it could run code): "
+                              f"{_unpickler_reason(exc)}") from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, zipfile errors... for damaged files
+        raise CheckpointError(f"{file}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(blob, dict):
+        raise CheckpointError(f"{file}: not a checkpoint (holds a {type(blob).__name__}, expected a dict)")
+    missing = [k for k in _CHECKPOINT_KEYS if k not in blob]
+    if missing:
+        raise CheckpointError(f"{file}: not a complete checkpoint (missing {', '.join(missing)})")
+    if blob.get("format", CHECKPOINT_FORMAT) != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{file}: checkpoint format {blob['format']!r}; this version reads {CHECKPOINT_FORMAT}")
+    return blob
+
+
+def _unpickler_reason(exc: Exception) -> str:
+    # torch's message is mostly advice to load unsafely; keep only what it found in the file
+    text = str(exc)
+    tail = text.split("WeightsUnpickler error:", 1)[-1]
+    first = next((line.strip() for line in tail.splitlines() if line.strip()), type(exc).__name__)
+    return first.split(". Please")[0].rstrip(".")
+
+
+def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:
+    """Restore a checkpoint written by :func:`save_checkpoint` (``path`` is its folder) into ``state``."""
+    import torch
+
+    blob = read_checkpoint(Path(path) / "state.pt")
     state.policy.model.load_state_dict(blob["model"])
     state.optimizer.load_state_dict(blob["optimizer"])
     state.scheduler.load_state_dict(blob["scheduler"])
@@ -380,21 +443,31 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
 # ----------------------------------------------------------------------------- the loop
 
 
-def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, policy=None,
+def train(config: TrainConfig, *, resume: bool = False, overwrite: bool = False, progress: bool = True, policy=None,
           eval_before: bool = False, log=None) -> list[dict]:
-    """Run (or resume) a training run; returns the metrics of the updates run now."""
+    """Run (or resume) a training run; returns the metrics of the updates run now.
+
+    ``resume`` continues from ``out_dir/checkpoint`` (a fresh start when there is none);
+    ``overwrite`` replaces a run already in ``out_dir``; with neither, a folder that holds
+    a run raises :class:`RunExistsError`. ``progress`` prints one line per update to stderr.
+    """
     out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoint"
-    state = init_state(config, policy)
     metrics_path = out / "metrics.jsonl"
+    if not resume:
+        _check_fresh_run_dir(out, overwrite)
+    out.mkdir(parents=True, exist_ok=True)
+    state = init_state(config, policy)
     if resume and (ckpt / "state.pt").exists():
         load_checkpoint(state, ckpt)
-        kept = []
-        if metrics_path.exists():
-            kept = [l for l in metrics_path.read_text().splitlines() if l and json.loads(l).get("update", 0) <= state.update]
-        atomic_write_text(metrics_path, "".join(l + "\n" for l in kept))
+        kept = [row for row in read_metrics(metrics_path) if row.get("update", 0) <= state.update] \
+            if metrics_path.exists() else []
+        atomic_write_text(metrics_path, "".join(json.dumps(row) + "\n" for row in kept))
     else:
+        if resume:
+            print(f"twice train: no checkpoint in {ckpt}; starting from update 0", file=sys.stderr, flush=True)
+        # a previous run's checkpoint must not be resumed into this run's metrics later
+        (ckpt / "state.pt").unlink(missing_ok=True)
         atomic_write_text(metrics_path, "")
     atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=1))
     size = split_size(config.env, config.env_kwargs, config.train_split) if config.indexed_tasks else None
@@ -403,7 +476,6 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, p
     if eval_before and state.update == 0:
         ev = evaluate(state.policy, config)
         _append(metrics_path, {"update": 0, "eval": ev})
-    bar = _progress(config.updates - state.update, progress, f"{config.method}")
     while state.update < config.updates:
         m = train_update(state, config, pool, size is not None)
         if config.eval_every and state.update % config.eval_every == 0:
@@ -412,29 +484,65 @@ def train(config: TrainConfig, *, resume: bool = False, progress: bool = True, p
         results.append(m)
         if state.update % config.checkpoint_every == 0 or state.update == config.updates:
             save_checkpoint(state, ckpt)
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(reward=f"{m['reward']:.2f}", beta=f"{m['realised_beta']:.2f}", s=f"{m['time']:.1f}")
+        if progress:
+            print(progress_line(m, config.updates), file=sys.stderr, flush=True)
         if log:
             log(m)
-    if bar is not None:
-        bar.close()
     return results
+
+
+def progress_line(m: dict, total: int) -> str:
+    """One line for a finished update: update k/N, reward, EM, tokens, seconds per update (and dev EM if evaluated)."""
+    parts = [f"[{m.get('method', 'train')}] update {m['update']}/{total}", f"reward {m['reward']:.3f}"]
+    if m.get("em") is not None:
+        parts.append(f"EM {m['em']:.3f}")
+    if isinstance(m.get("eval"), dict):
+        parts.append(f"dev EM {m['eval']['em']:.3f}")
+    parts.append(f"tokens {m['generated_tokens']}" + (f" (+{m['aux_tokens']} aux)" if m.get("aux_tokens") else ""))
+    parts.append(f"{m['time']:.1f} s/update")
+    return "  ".join(parts)
+
+
+def _check_fresh_run_dir(out: Path, overwrite: bool) -> None:
+    # a run is worth protecting once it has a checkpoint or a metrics row
+    metrics = out / "metrics.jsonl"
+    holds_run = (out / "checkpoint" / "state.pt").exists() or (metrics.exists() and metrics.stat().st_size > 0)
+    if holds_run and not overwrite:
+        raise RunExistsError(f"{out} already holds a run (metrics.jsonl, checkpoint/): continue it with --resume, "
+                             f"start it again with --overwrite, or choose another --out")
+
+
+def read_metrics(path: os.PathLike) -> list[dict]:
+    """The rows of a ``metrics.jsonl``.
+
+    A damaged last line (a crash while it was written) is dropped with a warning; a damaged
+    line before it raises :class:`~twice_envs.errors.DataFormatError` naming file and line.
+    """
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    rows = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"a JSON {type(row).__name__}, not an object")
+        except ValueError as exc:
+            if i == len(lines):
+                warnings.warn(f"{path}:{i}: dropping a damaged last line (an interrupted write?): {exc}",
+                              RuntimeWarning, stacklevel=2)
+                break
+            raise DataFormatError(path, i, f"not a metrics row: {exc}") from None
+        rows.append(row)
+    return rows
 
 
 def _append(path: Path, row: dict) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(row) + "\n")
-
-
-def _progress(total: int, enabled: bool, desc: str):
-    if not enabled or total <= 0:
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:  # pragma: no cover
-        return None
-    return tqdm(total=total, desc=desc, unit="upd", file=sys.stderr, dynamic_ncols=True)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -463,6 +571,8 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory (default runs/METHOD)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in the run directory")
+    p.add_argument("--no-progress", action="store_true", help="no line per update on stderr")
     p.add_argument("--eval-every", type=int, default=None)
     p.add_argument("--env-kwargs", default="{}", help="JSON kwargs for the env")
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
@@ -478,27 +588,30 @@ def train_main(argv: Sequence[str]) -> int:
     cfg = replace(base, **over)
     if a.beta is not None:
         cfg = replace(cfg, twice=replace(cfg.twice, beta=a.beta))
-    train(cfg, resume=a.resume)
+    if a.resume and a.overwrite:
+        p.error("--resume and --overwrite exclude each other")
+    train(cfg, resume=a.resume, overwrite=a.overwrite, progress=not a.no_progress)
     print(f"metrics: {Path(cfg.out_dir) / 'metrics.jsonl'}\ncheckpoint: {Path(cfg.out_dir) / 'checkpoint'}")
     return 0
 
 
 def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
     """A policy with a run's checkpointed weights (``checkpoint`` = run dir or its checkpoint dir)."""
-    import torch
-
     from twice_envs.agents.models import load_policy
 
     path = Path(checkpoint)
     if (path / "checkpoint" / "state.pt").exists():
         path = path / "checkpoint"
+    state_file = path / "state.pt"
+    if not state_file.exists() and str(checkpoint) not in ("tiny", "smollm2-135m"):
+        raise FileNotFoundError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/)")
+    # read (and vet) the file before the slow model load
+    weights = read_checkpoint(state_file)["model"] if state_file.exists() else None
     cfg_file = path.parent / "config.json"
     cfg = TrainConfig.from_json(json.loads(cfg_file.read_text())) if cfg_file.exists() else TrainConfig()
     policy = load_policy(model or cfg.model)
-    if (path / "state.pt").exists():
-        policy.model.load_state_dict(torch.load(path / "state.pt", weights_only=False)["model"])
-    elif str(checkpoint) not in ("tiny", "smollm2-135m"):
-        raise FileNotFoundError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/)")
+    if weights is not None:
+        policy.model.load_state_dict(weights)
     _clear_prefix_cache(policy)
     return policy, cfg
 

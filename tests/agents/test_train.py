@@ -1,12 +1,16 @@
-"""The trainer on CreditToy-v0 with a small random policy: wiring, metrics, exact resume, eval."""
+"""The trainer on CreditToy-v0 with a small random policy: wiring, metrics, exact resume, eval,
+safe checkpoints, run folders and progress lines."""
 
 import json
+import pickle
 
 import numpy as np
 import pytest
 import torch
 
-from twice_envs.agents.train import TrainConfig, evaluate, train
+from twice_envs.agents.train import (CheckpointError, RunExistsError, TrainConfig, eval_main, evaluate,
+                                     load_run_policy, read_checkpoint, train)
+from twice_envs.errors import DataFormatError
 
 from .train_helpers import one_torch_thread, small_policy, toy_config  # noqa: F401
 
@@ -19,13 +23,13 @@ def policy_factory():
 def test_resume_continues_exactly(tmp_path, policy_factory):
     straight = toy_config(tmp_path / "a", method="twice", updates=2)
     m_straight = train(straight, policy=policy_factory(), progress=False)
-    a_state = torch.load(tmp_path / "a" / "run" / "checkpoint" / "state.pt", weights_only=False)
+    a_state = torch.load(tmp_path / "a" / "run" / "checkpoint" / "state.pt", weights_only=True)
 
     first = toy_config(tmp_path / "b", method="twice", updates=1)
     train(first, policy=policy_factory(), progress=False)
     resumed = toy_config(tmp_path / "b", method="twice", updates=2)
     m_resumed = train(resumed, policy=policy_factory(), progress=False, resume=True)
-    b_state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=False)
+    b_state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=True)
 
     assert len(m_resumed) == 1 and m_resumed[0]["update"] == 2
     for k in ("reward", "generated_tokens", "aux_tokens", "loss"):
@@ -74,3 +78,152 @@ def test_greedy_eval_reports_em_and_f1(policy_factory):
 def test_config_round_trips_through_json():
     cfg = TrainConfig(ablations=("star",))
     assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+
+
+# ----------------------------------------------------------------------------- checkpoints never run code
+
+
+class _Payload:
+    """Unpickling this creates ``marker``: what a crafted checkpoint would do with a shell command."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _crafted_run(root, marker):
+    ckpt = root / "checkpoint"
+    ckpt.mkdir(parents=True)
+    torch.save({"format": 1, "model": _Payload(marker), "update": 1}, ckpt / "state.pt")
+    return ckpt / "state.pt"
+
+
+def test_the_crafted_payload_is_live(tmp_path):
+    # guards the tests below: an unsafe load of the same file does create the marker
+    marker = tmp_path / "ran"
+    with open(_crafted_run(tmp_path / "run", marker), "rb") as f:
+        torch.load(f, weights_only=False)
+    assert marker.exists()
+
+
+def test_a_crafted_checkpoint_is_refused_by_resume_eval_and_audit(tmp_path, policy_factory, capsys):
+    from twice_envs.agents.audit import audit_main
+    from twice_envs.cli import main
+
+    marker = tmp_path / "ran"
+    file = _crafted_run(tmp_path / "run", marker)
+    with pytest.raises(CheckpointError, match="refused to load.*Unsupported global: GLOBAL io.open") as err:
+        read_checkpoint(file)
+    assert str(file) in str(err.value)
+    with pytest.raises(CheckpointError, match=str(file)):
+        load_run_policy(tmp_path / "run")
+    with pytest.raises(CheckpointError, match=str(file)):
+        eval_main(["--checkpoint", str(tmp_path / "run")])
+    with pytest.raises(CheckpointError, match=str(file)):
+        audit_main(["--checkpoint", str(tmp_path / "run")])
+    with pytest.raises(CheckpointError, match=str(file)):
+        train(toy_config(tmp_path, updates=2), policy=policy_factory(), progress=False, resume=True)
+    assert main(["eval", "--checkpoint", str(tmp_path / "run")]) == 1
+    assert f"twice eval: error: {file}: refused to load" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "not a readable checkpoint"),
+    (b"PK\x03\x04 truncated", "not a readable checkpoint"),
+    (None, "missing optimizer"),
+    (pickle.dumps([1, 2]), "refused to load: .*Unsupported operand"),
+])
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_a_damaged_checkpoint_gives_an_error_naming_the_file(tmp_path, content, problem):
+    file = tmp_path / "state.pt"
+    if content is None:
+        torch.save({"model": {}}, file)
+    else:
+        file.write_bytes(content)
+    with pytest.raises(CheckpointError, match=problem) as err:
+        read_checkpoint(file)
+    assert str(file) in str(err.value)
+
+
+def test_a_checkpoint_holds_only_tensors_and_plain_values(tmp_path, policy_factory):
+    train(toy_config(tmp_path, updates=1), policy=policy_factory(), progress=False)
+    blob = read_checkpoint(tmp_path / "run" / "checkpoint" / "state.pt")
+    assert blob["format"] == 1 and blob["update"] == 1 and blob["optimizer"]["state"]
+
+    def walk(x):
+        if isinstance(x, dict):
+            assert all(isinstance(k, (str, int)) for k in x)
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+        else:
+            assert x is None or isinstance(x, (torch.Tensor, str, int, float, bool)), type(x)
+
+    walk(blob)
+
+
+# ----------------------------------------------------------------------------- run folders
+
+
+def _updates(run):
+    return [json.loads(l)["update"] for l in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_training_into_a_used_run_folder_needs_resume_or_overwrite(tmp_path, policy_factory, capsys):
+    from twice_envs.cli import main
+
+    run = tmp_path / "run"
+    train(toy_config(tmp_path, updates=2), policy=policy_factory(), progress=False)
+    before = (run / "metrics.jsonl").read_bytes()
+    with pytest.raises(RunExistsError, match="--resume.*--overwrite"):
+        train(toy_config(tmp_path, updates=1), policy=policy_factory(), progress=False)
+    assert (run / "metrics.jsonl").read_bytes() == before
+    args = ["train", "--env", "twice_envs.agents.toy:CreditToy-v0", "--out", str(run), "--updates", "1"]
+    assert main(args) == 1
+    assert f"{run} already holds a run" in capsys.readouterr().err
+    assert (run / "metrics.jsonl").read_bytes() == before
+    assert train(toy_config(tmp_path, updates=1), policy=policy_factory(), progress=False, overwrite=True)
+    assert _updates(run) == [1] and read_checkpoint(run / "checkpoint" / "state.pt")["update"] == 1
+    # an empty folder (or one without metrics rows and checkpoint) is not a run
+    (tmp_path / "empty").mkdir()
+    assert train(toy_config(tmp_path / "empty", updates=1), policy=policy_factory(), progress=False)
+
+
+def test_resume_drops_a_damaged_last_metrics_line(tmp_path, policy_factory):
+    run = tmp_path / "run"
+    train(toy_config(tmp_path, updates=1), policy=policy_factory(), progress=False)
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"update": 2, "method": "twi')  # killed while writing the next row
+    with pytest.warns(RuntimeWarning, match=r"metrics.jsonl:2: dropping a damaged last line"):
+        m = train(toy_config(tmp_path, updates=2), policy=policy_factory(), progress=False, resume=True)
+    assert [r["update"] for r in m] == [2] and _updates(run) == [1, 2]
+
+
+def test_resume_rejects_a_damaged_metrics_line_before_the_last(tmp_path, policy_factory):
+    run = tmp_path / "run"
+    train(toy_config(tmp_path, updates=2), policy=policy_factory(), progress=False)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text(lines[0][:20] + "\n" + lines[1] + "\n")
+    with pytest.raises(DataFormatError, match=r"metrics.jsonl:1: not a metrics row"):
+        train(toy_config(tmp_path, updates=3), policy=policy_factory(), progress=False, resume=True)
+
+
+# ----------------------------------------------------------------------------- progress
+
+
+def test_training_prints_a_line_per_update_to_stderr(tmp_path, policy_factory, capsys):
+    m = train(toy_config(tmp_path, updates=2, eval_every=2), policy=policy_factory())
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2, err
+    for k, (line, row) in enumerate(zip(err, m), 1):
+        assert line.startswith(f"[twice] update {k}/2  reward {row['reward']:.3f}  EM {row['em']:.3f}  ")
+        assert f"tokens {row['generated_tokens']} (+{row['aux_tokens']} aux)" in line
+        assert line.endswith(f"  {row['time']:.1f} s/update")
+    assert f"dev EM {m[1]['eval']['em']:.3f}" in err[1] and "dev EM" not in err[0]
+    train(toy_config(tmp_path / "quiet", updates=1), policy=policy_factory(), progress=False)
+    assert capsys.readouterr().err == ""
