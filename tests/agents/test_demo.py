@@ -1,5 +1,9 @@
 """The demo's pipeline (train GRPO and Twice, eval before/after, audit, plots) on CreditToy."""
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 from twice_envs.agents.demo import DemoConfig, run_demo
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
@@ -8,18 +12,33 @@ from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
     from twice_envs.agents import toy  # noqa: F401
 
-    cfg = DemoConfig(updates=1, questions_per_update=2, eval_questions=3, audit_questions=2, oracle_rollouts=2,
-                     out=str(tmp_path / "demo"))
-    res = run_demo(cfg, env="CreditToy-v0", progress=False, load=lambda: small_policy(0),
-                   overrides=dict(indexed_tasks=False, group_size=3, max_new_tokens=3, max_turns=3))
-    out = capsys.readouterr().out
-    assert "dev EM before" in out and "learning curves:" in out
-    for key in ("curves", "audit.png", "audit.csv"):
-        assert (tmp_path / "demo").exists()
-        from pathlib import Path
-
-        assert Path(res["paths"][key]).stat().st_size > 0
+    demo_dir = tmp_path / "demo"
+    cfg = DemoConfig(updates=2, questions_per_update=2, eval_questions=3, audit_questions=2, oracle_rollouts=2,
+                     out=str(demo_dir))
+    overrides = dict(indexed_tasks=False, group_size=3, max_new_tokens=3, max_turns=3)
+    res = run_demo(cfg, env="CreditToy-v0", load=lambda: small_policy(0), overrides=overrides)
+    captured = capsys.readouterr()
+    assert "dev EM before" in captured.out and "learning curves:" in captured.out
+    expected = {"curves": demo_dir / "curves.png", "audit.png": demo_dir / "audit" / "audit.png",
+                "audit.csv": demo_dir / "audit" / "audit.csv"}
+    for key, path in expected.items():
+        assert Path(res["paths"][key]) == path, key
+        assert path.stat().st_size > 0, key
+    for method in ("grpo", "twice"):
+        rows = [json.loads(line) for line in (demo_dir / method / "metrics.jsonl").read_text().splitlines()]
+        assert [r["update"] for r in rows] == [0, 1, 2, 2] and "eval" in rows[0] and "eval" in rows[-1], method
+        assert (demo_dir / method / "checkpoint" / "state.pt").is_file(), method
     assert set(res) >= {"before", "grpo", "twice"}
+    # the trainer's progress: one line per update and method, on stderr
+    progress = [line for line in captured.err.splitlines() if " update " in line]
+    assert [line.split("  ")[0] for line in progress] == ["[grpo] update 1/2", "[grpo] update 2/2",
+                                                          "[twice] update 1/2", "[twice] update 2/2"]
+    # a second demo into the same folder replaces the first one's runs
+    run_demo(replace(cfg, updates=1), env="CreditToy-v0", progress=False, load=lambda: small_policy(0),
+             overrides=overrides)
+    assert capsys.readouterr().err == ""
+    rows = [json.loads(line) for line in (demo_dir / "twice" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows] == [0, 1, 1]
 
 
 def test_demo_cli_passes_the_model_and_turn_length(monkeypatch):
@@ -29,8 +48,10 @@ def test_demo_cli_passes_the_model_and_turn_length(monkeypatch):
     monkeypatch.setattr(demo, "run_demo", lambda cfg, **kw: seen.update(kw, cfg=cfg))
     assert demo.demo_main(["--quick", "--model", "some/dir", "--max-new-tokens", "128", "--no-progress"]) == 0
     assert seen["model"] == "some/dir" and seen["overrides"] == {"max_new_tokens": 128} and seen["cfg"] == demo.QUICK
-    assert demo.demo_main(["--quick", "--no-progress"]) == 0
-    assert seen["model"] == "tiny" and seen["overrides"] is None
+    assert seen["progress"] is False
+    assert demo.demo_main(["--quick"]) == 0
+    # progress lines also when stderr is not a terminal (a log file, CI)
+    assert seen["model"] == "tiny" and seen["overrides"] is None and seen["progress"] is True
 
 
 def test_the_demo_trains_on_single_hop_searchqa_unless_told_otherwise():
