@@ -17,6 +17,7 @@ from twice_envs.agents.policy import SamplingConfig
 from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, episode_noise_seed, rollout
 from twice_envs.agents.sampling import sampling_logits
 from twice_envs.agents.sequence import pack_episode
+from twice_envs.errors import MissingExtra
 from twice_envs.keys import NoiseKey
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,22 +159,23 @@ def test_same_keys_same_episodes_across_processes():
     assert out[0] == out[1]
 
 
-def _makeable(env_id: str) -> bool:
-    if env_id not in twice_envs.registry:
-        return False
+def _skip_unless_installed(env_id: str) -> None:
+    """Skip when the env's optional dependency is missing; any other failure is the test's to report."""
     try:
         twice_envs.make(env_id).reset(seed=0)
-    except Exception:
-        return False
-    return True
+    except MissingExtra as exc:
+        pytest.skip(f"{env_id}: {exc}")
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] == "twice_envs":
+            raise
+        pytest.skip(f"{env_id} needs {exc.name}, which is not installed")
 
 
 @pytest.mark.parametrize("env_id", ["SearchQA-v0", "WebShop-v0", "ALFWorld-v0"])
 def test_rollouts_and_twins_on_the_real_envs(env_id):
     if env_id == "ALFWorld-v0":
         pytest.importorskip("alfworld")
-    if not _makeable(env_id):
-        pytest.skip(f"{env_id} is not available in this installation")
+    _skip_unless_installed(env_id)
     policy = tiny_policy()
     s = SamplingConfig(max_new_tokens=12)
     eps = rollout(policy, env_id, [Task(0), Task(1)], group_size=2, sampling=s, max_turns=2, noise_seed=1)
