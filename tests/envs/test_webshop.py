@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import pytest
 
 import twice_envs
@@ -84,12 +87,17 @@ def test_goals_follow_the_original_construction(env):
 
 
 def test_price_caps():
-    assert price_cap(12.0, 0, "x") in (30.0, 40.0, 50.0)  # the larger of two draws from 20, 30, 40, 50
-    caps = {price_cap(12.0, s, "x") for s in range(200)}
-    assert caps == {30.0, 40.0, 50.0}
-    assert price_cap(985.0, 0, "x") is None
-    assert price_cap(975.0, 0, "x") == 990.0 or price_cap(975.0, 0, "x") is None
-    assert price_cap(12.0, 0, "x") == price_cap(12.0, 0, "x")
+    # the larger of two distinct draws from the first four tens above the price (20, 30, 40, 50 here)
+    n = 3000
+    caps = Counter(price_cap(12.0, s, "x") for s in range(n))
+    assert set(caps) == {30.0, 40.0, 50.0}
+    # P(larger = k-th of four) = (k - 1) / 6; each share within 4 standard errors
+    for cap, p in ((30.0, 1 / 6), (40.0, 2 / 6), (50.0, 3 / 6)):
+        assert abs(caps[cap] / n - p) < 4 * math.sqrt(p * (1 - p) / n), (cap, caps)
+    # the key (the goal) draws too, not only the seed
+    assert {price_cap(12.0, 0, k) for k in range(60)} == {30.0, 40.0, 50.0}
+    assert price_cap(985.0, 0, "x") is None  # one candidate (990): no cap clause
+    assert [price_cap(975.0, s, "x") for s in range(20)] == [990.0] * 20  # two candidates: always the larger
 
 
 def test_price_seed_changes_caps_not_goal_identity():
