@@ -604,7 +604,7 @@ def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
         path = path / "checkpoint"
     state_file = path / "state.pt"
     if not state_file.exists() and str(checkpoint) not in ("tiny", "smollm2-135m"):
-        raise FileNotFoundError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/)")
+        raise CheckpointError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/)")
     # read (and vet) the file before the slow model load
     weights = read_checkpoint(state_file)["model"] if state_file.exists() else None
     cfg_file = path.parent / "config.json"

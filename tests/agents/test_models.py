@@ -133,13 +133,56 @@ def test_rollout_cli_output_replays(tmp_path, capsys):
 
 
 def test_benchmarks_quick(tmp_path, monkeypatch, capsys):
+    import re
+
+    def printed(text, pattern):
+        m = re.search(pattern, text)
+        assert m, pattern
+        return [float(g) for g in m.groups()]
+
+    def quotient_agrees(shown, a, b, scale, places, in_places):
+        # ``shown`` (to ``places`` decimals) is scale * a / b for values that print as a and b (``in_places``)
+        e = 0.5 * 10 ** -in_places
+        lo, hi = scale * (a - e) / (b + e), scale * (a + e) / max(b - e, 1e-9)
+        return lo - 0.5 * 10 ** -places <= shown <= hi + 0.5 * 10 ** -places
+
     monkeypatch.setenv("TWICE_CACHE", str(tmp_path))
     shutil.copytree(tiny_dir(), tmp_path / "models" / "tiny")
     assert sampler_main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "keyed vs plain sampling, 8 tokens per row" in out
+    vocab = models.load_policy("tiny").vocab_size
+    plain, keyed, wall, sampler, share = printed(
+        out, rf"tiny\s+8\s+{vocab}\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)%\s+(-?[\d.]+)%\s+([\d.]+)%")
+    assert plain > 0 and keyed > 0 and 0 < share <= 100
+    # wall ovh is (keyed - plain) / plain of the printed times
+    assert quotient_agrees(wall + 100, keyed, plain, 100, 1, 3), (plain, keyed, wall)
+    # the sampler's extra time is part of the keyed run's time
+    assert sampler < 100 * keyed / plain
+
     assert bench_rollout_main(["--quick", "--env", "CoinChain-v0"]) == 0
     out = capsys.readouterr().out
-    assert "sampler ovh" in out and "tiny" in out
-    assert "generated tokens/s" in out and "prefix reuse: twin continuation time" in out
+    episodes, turns, tokens, total = printed(
+        out, r"CoinChain-v0, model tiny: (\d+) episodes, (\d+) turns, (\d+) generated tokens in ([\d.]+)s")
+    assert episodes == 2 * 2 and episodes <= turns <= 2 * episodes and tokens >= turns  # 2 tasks x 2, 2 turns at most
+    overall, = printed(out, r"throughput: ([\d.]+) generated tokens/s overall")
+    assert quotient_agrees(overall, tokens, total, 1, 1, 2)
+    gen, env, other = printed(out, r"time share: generation ([\d.]+)%, env steps ([\d.]+)%, other \(prompts, records\) "
+                                   r"(-?[\d.]+)%")
+    assert abs(gen + env + other - 100) <= 0.15 and gen > 0 and env >= 0
+    twins, = printed(out, r"twins: (\d+) coupled twins \(one per factual turn\)")
+    assert twins == turns
+    off_s, off_ctx, off_reused, off_gen = printed(
+        out, r"prefix reuse off: ([\d.]+)s, (\d+) context tokens computed, (\d+) reused, (\d+) generated")
+    on_s, on_ctx, on_reused, on_gen = printed(
+        out, r"prefix reuse on : ([\d.]+)s, (\d+) context tokens computed, (\d+) reused, (\d+) generated")
+    # reusing cached prefixes changes the cost, never the twins (same keys, same tokens)
+    assert on_gen == off_gen > 0
+    assert off_reused == 0 and on_reused > 0 and on_ctx < off_ctx
+    time_ratio, ctx_ratio = printed(out, r"twin continuation time x([\d.]+) \([-\d.]+% saved\), "
+                                         r"context tokens computed x([\d.]+)")
+    assert ctx_ratio == round(on_ctx / off_ctx, 2)
+    assert quotient_agrees(time_ratio, on_s, off_s, 1, 2, 2), (time_ratio, on_s, off_s)
 
 
 def test_load_episodes_names_the_bad_line(tmp_path):

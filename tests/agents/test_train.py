@@ -127,6 +127,8 @@ def test_a_crafted_checkpoint_is_refused_by_resume_eval_and_audit(tmp_path, poli
         train(toy_config(tmp_path, updates=2), policy=policy_factory(), progress=False, resume=True)
     assert main(["eval", "--checkpoint", str(tmp_path / "run")]) == 1
     assert f"twice eval: error: {file}: refused to load" in capsys.readouterr().err
+    assert main(["eval", "--checkpoint", str(tmp_path / "nowhere")]) == 1
+    assert f"twice eval: error: no checkpoint at {tmp_path / 'nowhere'}" in capsys.readouterr().err
     assert not marker.exists()
 
 
