@@ -2,9 +2,11 @@
 
 import json
 
+import pytest
+
 from twice_envs.agents.audit import audit_main
 from twice_envs.agents.plots import plot_main
-from twice_envs.agents.train import eval_main, train_main
+from twice_envs.agents.train import RunExistsError, eval_main, train_main
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
@@ -22,6 +24,14 @@ def test_train_eval_audit_plot_commands(tmp_path, capsys):
     assert train_main(args + ["--method", "twice", "--ablation", "star"]) == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2]
+    err = capsys.readouterr().err
+    assert "[twice] update 1/2  reward " in err and "[twice] update 2/2  reward " in err
+    # the run folder is taken now: --overwrite starts it again (quietly with --no-progress)
+    with pytest.raises(RunExistsError):
+        train_main(args + ["--method", "twice", "--ablation", "star"])
+    assert train_main(args + ["--method", "twice", "--ablation", "star", "--overwrite", "--no-progress"]) == 0
+    assert " update " not in capsys.readouterr().err
+    assert [json.loads(l)["update"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
     assert json.loads((run / "config.json").read_text())["ablations"] == ["star"]
     assert (run / "checkpoint" / "state.pt").exists()
     assert train_main(args[:-2] + ["--out", str(tmp_path / "grpo"), "--method", "grpo"]) == 0
