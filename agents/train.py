@@ -595,6 +595,23 @@ def train_main(argv: Sequence[str]) -> int:
     return 0
 
 
+def read_run_config(file: os.PathLike) -> TrainConfig:
+    """A run's ``config.json``; a damaged or foreign file raises :class:`~twice_envs.errors.DataFormatError` naming it."""
+    file = Path(file)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(file, None, f"not UTF-8 text ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(file, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise DataFormatError(file, None, f"expected a JSON object of training settings, found a {type(data).__name__}")
+    try:
+        return TrainConfig.from_json(data)
+    except TypeError as exc:  # unknown or misspelt fields
+        raise DataFormatError(file, None, f"not a training config: {exc}") from None
+
+
 def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
     """A policy with a run's checkpointed weights (``checkpoint`` = run dir or its checkpoint dir)."""
     from twice_envs.agents.models import load_policy
@@ -608,7 +625,7 @@ def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
     # read (and vet) the file before the slow model load
     weights = read_checkpoint(state_file)["model"] if state_file.exists() else None
     cfg_file = path.parent / "config.json"
-    cfg = TrainConfig.from_json(json.loads(cfg_file.read_text())) if cfg_file.exists() else TrainConfig()
+    cfg = read_run_config(cfg_file) if cfg_file.exists() else TrainConfig()
     policy = load_policy(model or cfg.model)
     if weights is not None:
         policy.model.load_state_dict(weights)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from twice_envs.agents.train import (CheckpointError, RunExistsError, TrainConfig, eval_main, evaluate,
-                                     load_run_policy, read_checkpoint, train)
+                                     load_run_policy, read_checkpoint, read_run_config, train)
 from twice_envs.errors import DataFormatError
 
 from .train_helpers import one_torch_thread, small_policy, toy_config  # noqa: F401
@@ -75,9 +75,23 @@ def test_greedy_eval_reports_em_and_f1(policy_factory):
     assert res["n"] == 3 and 0.0 <= res["em"] <= 1.0 and "CreditToy-v0" in res["per_dataset"]
 
 
-def test_config_round_trips_through_json():
+def test_config_round_trips_through_json(tmp_path):
     cfg = TrainConfig(ablations=("star",))
     assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
+    assert read_run_config(tmp_path / "config.json") == cfg
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b'{\n "env": "SearchQA-v0",\n oops\n}', r"config.json:3: invalid JSON"),
+    (b"[1, 2]", r"config.json: expected a JSON object"),
+    (b'{"envv": "SearchQA-v0"}', r"config.json: not a training config: .*envv"),
+    (b"\xff\xfe{}", r"config.json: not UTF-8"),
+])
+def test_a_damaged_run_config_gives_an_error_naming_the_file(tmp_path, content, problem):
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(DataFormatError, match=problem):
+        read_run_config(tmp_path / "config.json")
 
 
 # ----------------------------------------------------------------------------- checkpoints never run code
