@@ -128,6 +128,7 @@ class WebShopEnv(TextEnv):
         self.res: Resources = get_resources(
             products_path, attributes_path, human_path, num_products, goals, price_seed, catalogue_seed, cache_root
         )
+        self.res.goals.check_usable(split, products_path, attributes_path, human_path)
         self.split = split
         self.price_seed = int(price_seed)
         self.show_attrs = bool(show_attrs)
