@@ -232,3 +232,11 @@ def test_a_missing_split_folder_never_serves_another_split(tmp_path, monkeypatch
     assert len(twice_envs.make("ALFWorld-v0", data_dir=split_dir, split="valid_seen").games) == 1
     with pytest.raises(DataFormatError, match="this is the 'valid_seen' split folder, but split='train'"):
         twice_envs.make("ALFWorld-v0", data_dir=split_dir, split="train")
+
+
+@pytest.mark.parametrize("shape", ["<action>", "<action", "<ACTION>a</action>"])
+def test_parse_action_takes_linear_time(shape):
+    from tests.envs._timing import growth
+    from twice_envs.envs.alfworld.env import parse_action
+
+    assert growth(parse_action, shape) < 20  # 8x the input: linear ~8, quadratic ~64

@@ -218,3 +218,10 @@ def test_data_without_usable_goals_fails_at_make_and_says_why(tmp_path):
     assert len(twice_envs.make("WebShop-v0", split="train", **kw).res.goals) == 1
     with pytest.raises(DataFormatError, match=r"split 'test' has no goals.*use split='all'"):
         twice_envs.make("WebShop-v0", split="test", **kw)
+
+
+@pytest.mark.parametrize("shape", ["click[", "search[[", "click[]", "[", "click[a\n"])
+def test_parse_action_takes_linear_time(shape):
+    from tests.envs._timing import growth
+
+    assert growth(parse_action, shape) < 20  # 8x the input: linear ~8, quadratic ~64
