@@ -268,8 +268,8 @@ def save_trajectories(path: str | os.PathLike, records: Iterable[Trajectory | di
 def read_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     """``("file:line", value or TrajectoryFormatError)`` per non-blank line; goes on past bad lines.
 
-    A file that cannot be read at all (missing, a folder, no permission) raises
-    :class:`TrajectoryFormatError` at once.
+    Lines are read one at a time. A file that cannot be read at all (missing, a folder,
+    no permission) raises :class:`TrajectoryFormatError`.
     """
     path = Path(path)
     try:
@@ -281,17 +281,20 @@ def read_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     except OSError as exc:
         raise TrajectoryFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
     with fh:
-        try:
-            lines = list(enumerate(fh, 1))
-        except IsADirectoryError:
-            raise TrajectoryFormatError(f"{path}: is a folder, not a trajectory file") from None
-        except OSError as exc:
-            raise TrajectoryFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    for lineno, raw in lines:
-        where = f"{path}:{lineno}"
-        if not raw.strip():
-            continue
-        yield where, _decode_line(raw, where)
+        lineno = 0
+        while True:
+            try:
+                raw = fh.readline()
+            except IsADirectoryError:
+                raise TrajectoryFormatError(f"{path}: is a folder, not a trajectory file") from None
+            except OSError as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno + 1}: cannot read ({exc.strerror or exc})") from None
+            if not raw:
+                return
+            lineno += 1
+            if raw.strip():
+                where = f"{path}:{lineno}"
+                yield where, _decode_line(raw, where)
 
 
 def _decode_line(raw: bytes, where: str) -> Any:
