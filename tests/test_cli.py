@@ -88,7 +88,7 @@ def test_replay_of_corrupt_file_is_one_clear_error(tmp_path):
     bad.write_text('{"format": "twice_envs.trajectory/1", "env_id": "CoinChain-v0"\n')
     out = twice("replay", str(bad))
     assert out.returncode == 1
-    assert "bad.jsonl:1: not valid JSON" in out.stderr
+    assert "bad.jsonl:1: not valid JSON" in out.stdout
     assert "Traceback" not in out.stderr
 
 
@@ -101,3 +101,57 @@ def test_check_command():
 def test_bench_unknown_name():
     out = twice("bench", "nosie")
     assert out.returncode == 2 and "Did you mean 'noise'" in out.stderr
+
+
+def test_replay_goes_on_past_bad_records(tmp_path):
+    save = tmp_path / "ep.jsonl"
+    out = twice("play", "tests.toy_envs:CoinChain-v0", "--seed", "1", stdin=f"look\nright\n:save {save}\n")
+    assert out.returncode == 0, out.stderr
+    good = save.read_text().splitlines()[0]
+    unknown = json.loads(good)
+    unknown["env_id"] = "NoSuchEnv-v0"
+    wrong_type = json.loads(good)
+    wrong_type["rewards"][0] = "one"
+    lines = [good, "{not json", json.dumps(unknown), json.dumps(wrong_type), good]
+    save.write_text("\n".join(lines) + "\n")
+    out = twice("replay", str(save), "--import", "tests.toy_envs")
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    text = out.stdout
+    assert text.count(": replays exactly") == 2  # episodes 1 and 5
+    assert "episode 2: UNREADABLE" in text and "ep.jsonl:2: not valid JSON" in text
+    assert "episode 3 (NoSuchEnv-v0, seed 1): FAILED" in text
+    assert "episode 4: UNREADABLE" in text and "ep.jsonl:4: rewards[0] must be a finite number" in text
+    assert "episode 5 (CoinChain-v0, seed 1): 2 turns" in text
+    assert "2/5 episodes replay exactly" in text
+
+
+def test_play_save_to_unwritable_path_keeps_the_session(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("a file, so no folder can be made under it")
+    save = tmp_path / "ep.jsonl"
+    keys = f"look\n:save {blocker}/sub/ep.jsonl\nright\n:save {save}\n"
+    out = twice("play", "tests.toy_envs:CoinChain-v0", "--seed", "1", stdin=keys)
+    assert out.returncode == 0, out.stderr
+    assert f"cannot save to {blocker}/sub/ep.jsonl" in out.stdout
+    assert "saved 2 turns" in out.stdout  # the session went on after the failed save
+    assert json.loads(save.read_text())["actions"] == ["look", "right"]
+
+
+def test_play_saves_a_latin1_byte_exactly(tmp_path):
+    save = tmp_path / "ep.jsonl"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONIOENCODING"] = "utf-8"  # strict UTF-8 stdin, as on most terminals
+    keys = b"caf\xe9\n:save " + str(save).encode() + b"\n"
+    out = subprocess.run(
+        [sys.executable, "-m", "twice_envs.cli", "play", "tests.toy_envs:CoinChain-v0"],
+        input=keys, capture_output=True, cwd=ROOT, env=env, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr.decode(errors="replace")
+    assert b"saved 1 turns" in out.stdout
+    import twice_envs
+
+    (rec,) = twice_envs.load_trajectories(save)
+    assert rec.actions == ["caf\udce9"]
+    rec.check_chain()

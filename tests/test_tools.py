@@ -105,3 +105,152 @@ def test_several_processes_write_one_journal(tmp_path):
     # every process saw exactly what the journal holds: one result per key, first writer wins
     for worker, results in got.items():
         assert results == stored
+
+
+def _fresh_opener(folder, worker, barrier, out):
+    errors = []
+    for rnd in range(20):
+        barrier.wait(timeout=60)  # all 8 open the same fresh file at the same instant
+        try:
+            j = Journal(os.path.join(folder, f"fresh{rnd}.sqlite"))
+            for k in range(3):
+                j.call(FunctionTool("t", "1", lambda w, k: [w, k]), {"w": worker, "k": k})
+            j.close()
+        except Exception as exc:  # noqa: BLE001 -- reported to the parent, which asserts none
+            errors.append(f"round {rnd}: {type(exc).__name__}: {exc}")
+    out.put(errors)
+
+
+def test_many_processes_open_a_fresh_journal_at_once(tmp_path):
+    """8 processes open one fresh file at once, 20 rounds: no error and no lost row."""
+    ctx = mp.get_context("fork" if hasattr(os, "fork") else "spawn")
+    barrier, q = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_fresh_opener, args=(str(tmp_path), w, barrier, q)) for w in range(8)]
+    for p in procs:
+        p.start()
+    errors = sum((q.get(timeout=300) for _ in procs), [])
+    for p in procs:
+        p.join(timeout=60)
+    lost = sum(8 * 3 - len(Journal(tmp_path / f"fresh{rnd}.sqlite", readonly=True)) for rnd in range(20))
+    assert errors == [] and lost == 0
+
+
+def test_switching_a_fresh_journal_to_wal_is_retried_while_locked(tmp_path, monkeypatch):
+    """SQLite answers "database is locked" to ``journal_mode=WAL`` without waiting when two
+    processes switch one fresh file at once; opening retries instead of failing."""
+    import sqlite3
+
+    real_connect = sqlite3.connect
+    failures = []
+
+    class Contended:
+        def __init__(self, conn):
+            self._conn = conn
+
+        def execute(self, sql, *args):
+            if sql == "PRAGMA journal_mode=WAL" and len(failures) < 3:
+                failures.append(sql)
+                raise sqlite3.OperationalError("database is locked")
+            return self._conn.execute(sql, *args)
+
+        def close(self):
+            self._conn.close()
+
+    monkeypatch.setattr(sqlite3, "connect", lambda *a, **k: Contended(real_connect(*a, **k)))
+    j = Journal(tmp_path / "j.sqlite")
+    assert j.call(Counting(), {"x": 2}) == {"y": 4}
+    assert len(failures) == 3 and len(j) == 1
+
+
+def _make_journal(path):
+    j = Journal(path)
+    j.call(FunctionTool("square", "1", lambda x: {"y": x * x}), {"x": 3})
+    j.close()
+
+
+def test_readonly_journal_reads_and_never_writes(tmp_path):
+    path = tmp_path / "j.sqlite"
+    _make_journal(path)
+    before = path.read_bytes()
+    tool = Counting()
+    r = Journal(path, readonly=True)
+    assert r.call(tool, {"x": 3}) == {"y": 9} and tool.calls == 0
+    assert r.call(tool, {"x": 4}) == {"y": 16} and tool.calls == 1  # computed, kept in memory
+    assert len(r) == 1  # ... and not stored in the file
+    r.close()
+    assert path.read_bytes() == before
+    # at most SQLite's empty working files appear beside it
+    assert all(p.name in ("j.sqlite-wal", "j.sqlite-shm") and p.stat().st_size <= 32768
+               for p in tmp_path.iterdir() if p != path)
+    assert not (tmp_path / "j.sqlite-wal").exists() or (tmp_path / "j.sqlite-wal").stat().st_size == 0
+    with pytest.raises(JournalMiss, match="j.sqlite"):
+        Journal(path, readonly=True, mode="replay").call(tool, {"x": 5})
+    # a missing file reads as empty and is not created
+    missing = tmp_path / "sub" / "none.sqlite"
+    assert Journal(missing, readonly=True).call(tool, {"x": 2}) == {"y": 4}
+    assert not missing.parent.exists()
+
+
+READONLY_FS_SCRIPT = """
+import os, subprocess, sys
+from twice_envs.tools import FunctionTool, Journal
+d = sys.argv[1]
+subprocess.run(["mount", "-t", "tmpfs", "none", d], check=True)
+j = Journal(os.path.join(d, "j.sqlite"))
+j.call(FunctionTool("square", "1", lambda x: {"y": x * x}), {"x": 3})
+j.close()
+subprocess.run(["mount", "-o", "remount,ro", d], check=True)
+r = Journal(os.path.join(d, "j.sqlite"), readonly=True, mode="replay")
+print(r.call(FunctionTool("square", "1", lambda x: None), {"x": 3}), sorted(os.listdir(d)))
+"""
+
+
+def test_readonly_journal_works_on_a_read_only_file_system(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare to mount a read-only file system")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("user namespaces are not available here")
+    out = subprocess.run(["unshare", "-rm", sys.executable, "-c", READONLY_FS_SCRIPT, str(mnt)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "{'y': 9} ['j.sqlite']"
+
+
+def test_corrupt_or_foreign_files_raise_journal_error(tmp_path):
+    import sqlite3
+
+    from twice_envs.errors import JournalError
+
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database at all\n" * 100)
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match="junk.sqlite.*corrupt or of another kind"):
+            Journal(junk, readonly=readonly).call(Counting(), {"x": 1})
+    foreign = tmp_path / "app.db"
+    conn = sqlite3.connect(foreign)
+    conn.execute("CREATE TABLE users (id INTEGER)")
+    conn.commit()
+    conn.close()
+    before = foreign.read_bytes()
+    for readonly in (False, True):
+        with pytest.raises(JournalError, match="app.db: not a twice_envs tool journal.*users"):
+            Journal(foreign, readonly=readonly).call(Counting(), {"x": 1})
+    assert foreign.read_bytes() == before  # not converted to WAL, no table added
+    # a journal whose stored result was damaged
+    path = tmp_path / "j.sqlite"
+    _make_journal(path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE calls SET result = '{broken'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match="j.sqlite: the stored result .* not valid JSON"):
+        Journal(path).call(Counting(), {"x": 3})
+    with pytest.raises(JournalError, match="is a folder"):
+        Journal(tmp_path).call(Counting(), {"x": 3})

@@ -84,3 +84,94 @@ def test_unregistered_env_in_record():
     rec["env_id"] = "Unknown-v9"
     with pytest.raises(TrajectoryFormatError, match="not registered"):
         twice_envs.replay(rec)
+
+
+ODD_STRINGS = [
+    "\udcff",  # a lone surrogate: what decoding a Latin-1 byte with surrogateescape gives
+    "caf\udce9 au lait",
+    "\ud83d\ude00",  # two surrogate code points, not the emoji
+    "😀",
+    "\ud800",
+    "\x00\x1b[31m\u202e\ufeff",
+]
+
+
+def test_any_str_round_trips_exactly(tmp_path):
+    env = twice_envs.make("CoinChain-v0")
+    env.reset(seed=0)
+    for a in ODD_STRINGS:
+        env.step(a)
+    rec = env.trajectory
+    path = tmp_path / "odd.jsonl"
+    save_trajectories(path, [rec])
+    (back,) = load_trajectories(path)
+    assert back.actions == ODD_STRINGS
+    assert back.to_json() == rec.to_json()
+    back.check_chain()
+    assert twice_envs.replay(back).trajectory.digests == rec.digests
+
+
+def test_digests_tell_surrogate_code_points_from_the_character():
+    from twice_envs.trajectory import step_digest
+
+    assert step_digest("d", "\ud83d\ude00", "", 0.0) != step_digest("d", "😀", "", 0.0)
+    # Text without surrogate code points keeps the digest it always had (ASCII canonical JSON).
+    import hashlib
+
+    expected = hashlib.sha256(b'["d","caf\\u00e9 \\ud83d\\ude00","","0.0"]').hexdigest()
+    assert step_digest("d", "café 😀", "", 0.0) == expected
+
+
+def test_record_episodes_saves_lone_surrogates(tmp_path):
+    from twice_envs.wrappers import RecordEpisodes
+
+    path = tmp_path / "rec.jsonl"
+    env = RecordEpisodes(twice_envs.make("CoinChain-v0", max_turns=2), path)
+    for seed in (0, 1):
+        env.reset(seed=seed)
+        env.step("\udcff")
+        env.step("look")  # the episode ends here and is written
+    back = load_trajectories(path)
+    assert [r.seed for r in back] == [0, 1] and back[0].actions == ["\udcff", "look"]
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", r"bin\.jsonl:(1|2): (binary data|not UTF-8)"),
+        (b'{"format": "caf\xe9"}\n', r"bin\.jsonl:1: not UTF-8 text \(byte 0xe9 at column 16\)"),
+        (b"[" * 100_000 + b"]" * 100_000 + b"\n", r"bin\.jsonl:1: JSON nested too deeply"),
+    ],
+)
+def test_unreadable_files_name_file_and_line(tmp_path, content, match):
+    path = tmp_path / "bin.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(TrajectoryFormatError, match=match):
+        load_trajectories(path)
+
+
+def test_a_folder_is_a_clear_error(tmp_path):
+    with pytest.raises(TrajectoryFormatError, match="is a folder"):
+        load_trajectories(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("actions", ["look", 3, "right"], r"actions\[1\] must be a string, got a number"),
+        ("observations", None, "field 'observations' must be array, got null"),
+        ("rewards", ["1", 0.0, 0.0], r"rewards\[0\] must be a finite number"),
+        ("rewards", [True, 0.0, 0.0], r"rewards\[0\] must be a finite number"),
+        ("digests", [{}, "a", "b", "c"], r"digests\[0\] must be a string, got an object"),
+        ("terminated", "yes", "field 'terminated' must be true or false, got a string"),
+        ("seed", 1.5, "field 'seed' must be integer, got a number"),
+        ("meta", [1], "field 'meta' must be object, got an array"),
+    ],
+)
+def test_wrong_field_types_name_file_and_line(tmp_path, field, value, match):
+    rec = episode().to_json()
+    rec[field] = value
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(episode().to_json()) + "\n" + json.dumps(rec) + "\n")
+    with pytest.raises(TrajectoryFormatError, match=rf"t\.jsonl:2: {match}"):
+        load_trajectories(path)

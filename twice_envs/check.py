@@ -15,7 +15,10 @@ It checks, on random action sequences drawn from a fixed seed:
 * twins: a self-twin (the factual action again) reproduces the factual episode and
   its noise keys; a coupled twin reports the factual keys after the branch, an
   independent one does not;
-* bad actions (empty, garbage, huge, odd unicode) never raise and are flagged;
+* bad actions (:func:`bad_actions`: empty, garbage, huge, control characters, lone
+  surrogates, Latin-1, malformed protocol tags, repeated openers...) never raise, are
+  flagged and explained, and their records save and load back exactly;
+* a step's time grows linearly with the action's length (1 MiB vs 64 KiB);
 * the trajectory survives a JSON-lines round trip and ``replay``.
 
 A failure raises :class:`CheckFailure` saying which property broke and how to
@@ -36,16 +39,59 @@ import numpy as np
 
 from twice_envs.errors import TwiceError
 
-BAD_ACTIONS: tuple[str, ...] = (
-    "",
-    "   ",
-    "\x00\x01garbage\x7f",
-    "<search>unclosed",
-    "</answer></search><answer>",
-    "click[" + "x" * 5000 + "]",
-    "🙂 ünïcødé ‮ right-to-left \u200b zero-width",
-    "a" * 20000,
-)
+def bad_actions() -> list[str]:
+    """Malformed turns every env must survive (over 80): each must give a clear observation.
+
+    Empty and blank text, control characters and NUL, lone surrogates (what decoding bad
+    bytes gives) and Latin-1 mojibake, emoji, right-to-left and zero-width characters,
+    every protocol tag of the bundled envs malformed, numbers, JSON, HTML, SQL and shell
+    text, very long single tokens and repeated openers up to 64 KiB. The first five are
+    short, for random rollouts.
+    """
+    k64 = 1 << 16
+    return [
+        # short ones first: random_actions mixes these into rollouts
+        "", "   ", "\x00\x01garbage\x7f", "<search>unclosed", "</answer></search><answer>",
+        # blank and control characters
+        "\t\n\r", "\n" * 200, "\u3000\xa0\u2007", "\x00", "a\x00b\x00c", "\x1b[31mred\x1b[0m", "\x07\x08\x0b\x0c",
+        "\x85\u2028\u2029", "\r\n" * 50, "\x7f" * 100,
+        # lone surrogates and Latin-1 bytes
+        "\udcff", "caf\udce9", "\ud800", "\udfff\ud800", "\ud83d\ude00 two code points", "<search>\udcff</search>",
+        "click[\udce9]", "<action>\udcff</action>", b"\xe9t\xe9 \xff\xfe".decode("latin-1"),
+        "cafÃ© Ã¼ber â€™quoteâ€\x9d", "Ã" * 5000,
+        # emoji, right-to-left, zero-width, combining
+        "🙂 ünïcødé ‮ right-to-left \u200b zero-width", "👩\u200d👩\u200d👧\u200d👦" * 100, "مرحبا بالعالم שלום",
+        "\u202eclick[wen yub]", "\ufeff\u200b\u200c\u200d", "e\u0301" * 2000, "ｃｌｉｃｋ［ｂｕｙ ｎｏｗ］",
+        # SearchQA tags malformed
+        "<search", "search>", "<search/>", "<search x='1'>q</search>", "< search >q</ search >", "<SEARCH>q</SEARCH>",
+        "<search>a<answer>b</search>", "<<search>>", "<search><search>", "</search>" * 1000, "<answer>", "answer>",
+        "</answer", "<answer/>", "<answer>" + "x" * 5000, "<think>only thinking</think>", "<information>fake</information>",
+        # WebShop actions malformed
+        "click[", "click]", "click[[", "click[]]", "click[]", "search[", "search[]", "search[ ]", "click[\n]",
+        "click[back to search", "click ( buy now )", "[click]", "click[" + "x" * 5000 + "]", "search[" + "q" * 600 + "]",
+        "Thought: nothing to do.", "click[buy now]]]]", "search[[[[",
+        # ALFWorld commands malformed
+        "<action>", "<action", "</action>", "<action></action>", "<action>   </action>", "<action>go to</action>",
+        "<action>take from</action>", "<ACTION>open</ACTION>", "<action>" + "go to fridge 1 " * 500 + "</action>",
+        # numbers, JSON, HTML, SQL, shell, paths, format strings
+        "0", "-1", "1e309", "NaN", "inf", "0x1F", "9" * 5000,
+        '{"action": "search", "query": "x"}', "[]", "null", '{"a": ' * 500,
+        "<html><body><script>alert(1)</script></body></html>", "&lt;search&gt;x&lt;/search&gt;", "<![CDATA[x]]>",
+        "'; DROP TABLE calls; --", '" OR ""="', "$(rm -rf /) `ls` ${HOME}", "../../../../etc/passwd", "%s%s%n{0}{__class__}",
+        # very long single tokens and repeated openers
+        "a" * 20000, "x" * 100_000, "supercalifragilistic" * 3000, "click[" * 10000, "search[" * 9000,
+        "<search>" * 8000, "<answer>" * 8000, "<action>" * 8000, "[" * k64, "<" * k64, " " * k64,
+    ]
+
+
+BAD_ACTIONS: tuple[str, ...] = tuple(bad_actions())
+
+#: Repeated-opener shapes timed at 64 KiB and 1 MiB (a parser that rescans is quadratic on them).
+LINEAR_SHAPES: tuple[str, ...] = ("click[", "search[[", "<search>", "<action>")
+#: Largest allowed ratio of a step's time at 1 MiB to its time at 64 KiB (linear gives about 16).
+MAX_TIME_RATIO = 32.0
+#: A bad action's step must take less than this many seconds.
+MAX_BAD_STEP_S = 10.0
 
 
 class CheckFailure(AssertionError):
@@ -242,18 +288,22 @@ def check_env(
             _fail("an independent twin (fresh seed) reports the factual noise key")
     report.passed.append("self-twin identity and coupled/independent noise keys")
 
-    # bad actions
-    for bad in BAD_ACTIONS:
-        env.reset(seed=seed, options=options)
-        obs, reward, term, trunc, info = safe_step(env, bad)
-        if not isinstance(obs, str) or not np.isfinite(float(reward)) or not isinstance(info.get("invalid"), bool):
-            _fail(f"step({bad[:40]!r}) must return a str observation, a finite reward and info['invalid'] (bool)")
+    # bad actions: a clear observation each, quickly; their records save and load back exactly
+    bad_records = probe_bad_actions(env, BAD_ACTIONS, seed=seed, options=options).records
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "bad.jsonl")
+        save_trajectories(path, bad_records)
+        if [r.to_json() for r in load_trajectories(path)] != [r.to_json() for r in bad_records]:
+            _fail("an episode of bad actions changed in a JSON lines round trip")
     # stepping after the end does not raise either
     last = episodes[-1]
     env._replay_into(last, last.num_turns)
     if env.done:
         env.step("anything")
-    report.passed.append(f"bad actions handled ({len(BAD_ACTIONS)} kinds)")
+    report.passed.append(f"bad actions handled ({len(BAD_ACTIONS)} kinds, saved and reloaded exactly)")
+    ratios = check_linear_time(env, seed=seed, options=options)
+    worst = max(ratios, key=ratios.get)
+    report.passed.append(f"step time linear in the action's length (worst 1 MiB / 64 KiB ratio {ratios[worst]:.1f}, {worst!r})")
 
     # JSON round trip and replay
     from twice_envs.replay import replay
@@ -282,6 +332,115 @@ def check_env(
     else:
         report.skipped.append("determinism across processes (env not registered or disabled)")
     return report
+
+
+@dataclass
+class BadActionProbe:
+    """What :func:`probe_bad_actions` saw.
+
+    Attributes:
+        steps: per action, ``(action, observation, reward, info["invalid"], seconds)``.
+        records: the episodes played, each checked against its digest chain.
+    """
+
+    steps: list[tuple[str, str, float, bool, float]] = field(default_factory=list)
+    records: list[Any] = field(default_factory=list)
+
+
+def probe_bad_actions(
+    env: Any,
+    actions: Sequence[str] = BAD_ACTIONS,
+    *,
+    seed: int = 0,
+    options: Optional[dict] = None,
+    max_step_s: float = MAX_BAD_STEP_S,
+) -> BadActionProbe:
+    """Step ``env`` with each of ``actions`` in turn (resetting when an episode ends).
+
+    Each step must not raise, must return a ``str`` observation, a finite reward and
+    ``info["invalid"]`` (bool), an invalid one must say something (a non-empty
+    observation), and each must take under ``max_step_s`` seconds.
+    """
+    import time
+
+    from twice_envs.trajectory import Trajectory
+
+    probe = BadActionProbe()
+
+    def keep() -> None:
+        record = Trajectory.from_json(env.trajectory.to_json())
+        record.check_chain()
+        probe.records.append(record)
+
+    env.reset(seed=seed, options=options)
+    for bad in actions:
+        if env.done:
+            keep()
+            env.reset(seed=seed, options=options)
+        start = time.perf_counter()
+        obs, reward, term, trunc, info = safe_step(env, bad)
+        took = time.perf_counter() - start
+        what = f"step({bad[:40]!r}{'...' if len(bad) > 40 else ''}) ({len(bad)} characters)"
+        if not isinstance(obs, str) or not np.isfinite(float(reward)) or not isinstance(info.get("invalid"), bool):
+            _fail(f"{what} must return a str observation, a finite reward and info['invalid'] (bool)")
+        if info["invalid"] and not obs.strip():
+            _fail(f"{what} is flagged invalid but the observation is empty: say what was wrong")
+        if took > max_step_s:
+            _fail(f"{what} took {took:.1f} s (limit {max_step_s:g} s): parsing must not hang on bad input")
+        probe.steps.append((bad, obs, float(reward), info["invalid"], took))
+    keep()
+    return probe
+
+
+def check_linear_time(
+    env: Any,
+    *,
+    seed: int = 0,
+    options: Optional[dict] = None,
+    shapes: Sequence[str] = LINEAR_SHAPES,
+    max_ratio: float = MAX_TIME_RATIO,
+    repeats: int = 4,
+    sizes: tuple[int, int] = (1 << 16, 1 << 20),
+) -> dict[str, float]:
+    """Fail unless a step on 1 MiB of a repeated opener takes under ``max_ratio`` times a step on 64 KiB.
+
+    ``sizes`` are the small and the large length in characters.
+
+    Times are the thread's CPU time, best of ``repeats`` (robust on a loaded machine); returns the
+    ratio per shape.
+    """
+    import gc
+    import time
+
+    def timed_step(text: str) -> float:
+        env.reset(seed=seed, options=options)
+        enabled = gc.isenabled()
+        gc.disable()  # as timeit does: a collection triggered by others' garbage is not the parser's time
+        try:
+            # CPU time of this thread: on a loaded machine, time spent descheduled is not the parser's
+            start = time.thread_time()
+            safe_step(env, text)
+            return time.thread_time() - start
+        finally:
+            if enabled:
+                gc.enable()
+
+    ratios = {}
+    for shape in shapes:
+        small, big = ((shape * (n // len(shape) + 1))[:n] for n in sizes)
+        small_s, big_s = [], []
+        for _ in range(repeats):  # interleaved, so a busy spell on the machine hits both sizes
+            small_s.append(timed_step(small))
+            big_s.append(timed_step(big))
+        ratio = min(big_s) / max(min(small_s), 1e-6)
+        if ratio >= max_ratio:
+            _fail(
+                f"a step on {sizes[1]} characters of {shape!r} repeated took {ratio:.0f}x a step on {sizes[0]} "
+                f"(limit {max_ratio:g}x, linear is about {sizes[1] // sizes[0]}x): the action parser rescans "
+                "the text (quadratic time)"
+            )
+        ratios[shape] = ratio
+    return ratios
 
 
 def replay_in_subprocess(record: dict, hashseed: str = "12345", imports: Sequence[str] = ()) -> list[str]:

@@ -50,3 +50,14 @@ class DataFormatError(TwiceError, ValueError):
         self.path, self.line, self.problem = str(path), line, problem
         where = f"{path}:{line}" if line is not None else f"{path}"
         super().__init__(f"{where}: {problem}")
+
+
+class JournalError(TwiceError):
+    """A tool journal file cannot be used: corrupt, not a twice_envs journal, or unreadable.
+
+    The message names the file.
+    """
+
+    def __init__(self, path: object, problem: str) -> None:
+        self.path, self.problem = str(path), problem
+        super().__init__(f"tool journal {path}: {problem}")

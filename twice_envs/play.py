@@ -30,6 +30,18 @@ def _parse_kv(pairs: Sequence[str], what: str) -> dict:
     return out
 
 
+def _tolerant(stream: TextIO, errors: str) -> TextIO:
+    """``stream`` with the error handler ``errors``: a terminal may send bytes that are not
+    UTF-8 (a Latin-1 ``é``); they reach the env as lone surrogates and are saved exactly."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors=errors)
+        except (ValueError, OSError):  # a stream that cannot change; keep it as it is
+            pass
+    return stream
+
+
 def play_main(argv: Sequence[str], stdin: Optional[TextIO] = None, stdout: Optional[TextIO] = None) -> int:
     """Play ENV: show the observation, read an action, show the reward."""
     parser = argparse.ArgumentParser(prog="twice play", description="Play an env in the terminal.\n\n" + PLAY_HELP,
@@ -39,8 +51,8 @@ def play_main(argv: Sequence[str], stdin: Optional[TextIO] = None, stdout: Optio
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="reset option (JSON value)")
     parser.add_argument("--kwarg", action="append", default=[], metavar="KEY=VALUE", help="make() kwarg (JSON value)")
     args = parser.parse_args(argv)
-    stdin = stdin or sys.stdin
-    out = stdout or sys.stdout
+    stdin = stdin or _tolerant(sys.stdin, "surrogateescape")
+    out = stdout or _tolerant(sys.stdout, "backslashreplace")
 
     import twice_envs
     from twice_envs.trajectory import save_trajectories
@@ -105,7 +117,11 @@ def play_main(argv: Sequence[str], stdin: Optional[TextIO] = None, stdout: Optio
             if len(parts) != 2:
                 print("usage: :save FILE", file=out)
                 continue
-            save_trajectories(parts[1], [env.trajectory])
+            try:
+                save_trajectories(parts[1], [env.trajectory])
+            except OSError as exc:  # a person typed the path: say why and keep the session
+                print(f"cannot save to {parts[1]}: {exc.strerror or exc}", file=out)
+                continue
             print(f"saved {env.turn} turns to {parts[1]}", file=out)
             continue
         if cmd.startswith(":"):
@@ -122,7 +138,7 @@ def play_main(argv: Sequence[str], stdin: Optional[TextIO] = None, stdout: Optio
 
 
 def replay_main(argv: Sequence[str]) -> int:
-    """Replay every trajectory in FILE; report the first divergence of each."""
+    """Replay every trajectory in FILE; report each record's result (a bad one does not stop the rest)."""
     parser = argparse.ArgumentParser(prog="twice replay", description="Re-run saved trajectories and verify them.")
     parser.add_argument("file", help="a JSON lines trajectory file (from :save, RecordEpisodes or rollouts)")
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
@@ -136,25 +152,32 @@ def replay_main(argv: Sequence[str]) -> int:
 
     for m in args.imports:
         importlib.import_module(m)
-    from twice_envs.errors import ReplayDivergence
+    from twice_envs.errors import ReplayDivergence, TrajectoryFormatError
+    from twice_envs.trajectory import iter_records
 
     bad = 0
     n = 0
-    for i, record in enumerate(twice_envs.iter_trajectories(args.file), 1):
+    for i, (where, record) in enumerate(iter_records(args.file), 1):
         n += 1
+        if isinstance(record, TrajectoryFormatError):
+            bad += 1
+            print(f"episode {i}: UNREADABLE: {record}")
+            continue
+        head = f"episode {i} ({record.env_id}, seed {record.seed})"
         try:
             env = twice_envs.replay(record)
         except ReplayDivergence as exc:
             bad += 1
-            print(f"episode {i} ({record.env_id}, seed {record.seed}): DIVERGED at turn {exc.turn}: {exc}")
+            print(f"{head}: DIVERGED at turn {exc.turn}: {exc}")
             if 0 < exc.turn <= record.num_turns:
-                print(f"  action:   {record.actions[exc.turn - 1]!r}")
+                print(f"  action:   {record.actions[exc.turn - 1]!r:.300}")
                 print(f"  recorded: {record.observations[exc.turn][:300]!r}")
             continue
-        print(
-            f"episode {i} ({record.env_id}, seed {record.seed}): {record.num_turns} turns, "
-            f"reward {record.total_reward:g}: replays exactly"
-        )
+        except Exception as exc:  # noqa: BLE001 -- one bad record (unknown env, bad kwargs) must not stop the rest
+            bad += 1
+            print(f"{head}: FAILED ({where}): {type(exc).__name__}: {str(exc)[:500]}")
+            continue
+        print(f"{head}: {record.num_turns} turns, reward {record.total_reward:g}: replays exactly")
         if args.show:
             traj = env.trajectory
             print(traj.observations[0])

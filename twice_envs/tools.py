@@ -20,7 +20,15 @@ twins never recompute) over an optional SQLite file in WAL mode that several
 processes may read and write at once; the first result recorded for a key wins, so a
 nondeterministic tool (a live web search) becomes replayable. ``mode="replay"``
 never calls the tool: a missing key raises :class:`JournalMiss` (use it with the
-network off).
+network off). ``readonly=True`` opens the file read-only (an SQLite ``mode=ro`` URI, so
+it also works on a read-only file system) and never writes it or creates it: results of
+calls it computes stay in memory. (Where the folder is writable, SQLite may create its
+empty ``-wal``/``-shm`` working files beside a WAL database, as any reader does.)
+
+Opening is safe when many processes open one fresh file at once (switching it to WAL
+is retried while another process holds the lock). A file that is corrupt, or a SQLite
+database that is not a twice_envs journal, raises :class:`JournalError` naming it and
+is never modified.
 """
 
 from __future__ import annotations
@@ -28,17 +36,28 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from twice_envs.errors import TwiceError
+from twice_envs.errors import JournalError, TwiceError
 from twice_envs.trajectory import canonical_json
 
 MODES = ("record", "replay", "off")
+#: The journal's one table and its columns.
+_TABLE = "calls"
+_COLUMNS = ("key", "name", "version", "args", "result", "created")
+_CREATE = (
+    "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL,"
+    " args TEXT NOT NULL, result TEXT NOT NULL, created REAL NOT NULL)"
+)
+#: Seconds to keep retrying while other processes hold the lock (opening or writing).
+BUSY_SECONDS = 60.0
 
 
 class JournalMiss(TwiceError, KeyError):
@@ -86,13 +105,24 @@ class Journal:
             ``"replay"`` never calls it (a miss raises :class:`JournalMiss`);
             ``"off"`` always calls and stores nothing.
         memory_items: results kept in the memory layer (least recently used dropped).
+        readonly: read ``path`` without ever writing it (works on a read-only file
+            system); a missing file reads as an empty journal and is not created, and
+            results computed on a miss are kept in memory only.
     """
 
-    def __init__(self, path: Optional[str | os.PathLike] = None, *, mode: str = "record", memory_items: int = 200_000) -> None:
+    def __init__(
+        self,
+        path: Optional[str | os.PathLike] = None,
+        *,
+        mode: str = "record",
+        memory_items: int = 200_000,
+        readonly: bool = False,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.path = None if path is None else Path(path)
         self.mode = mode
+        self.readonly = bool(readonly)
         self.memory_items = int(memory_items)
         self._mem: "OrderedDict[str, str]" = OrderedDict()
         self._lock = threading.RLock()
@@ -107,17 +137,84 @@ class Journal:
             return None
         if self._conn is None or self._conn_pid != os.getpid():
             # A connection must not cross a fork(): open one per process.
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA busy_timeout=60000")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS calls (key TEXT PRIMARY KEY, name TEXT NOT NULL, version TEXT NOT NULL,"
-                " args TEXT NOT NULL, result TEXT NOT NULL, created REAL NOT NULL)"
-            )
+            conn = self._open_readonly() if self.readonly else self._open_writable()
+            if conn is None:
+                return None
             self._conn, self._conn_pid = conn, os.getpid()
         return self._conn
+
+    def _open_writable(self) -> sqlite3.Connection:
+        if self.path.is_dir():
+            raise JournalError(self.path, "is a folder; give a file name such as tools.sqlite")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), timeout=BUSY_SECONDS, check_same_thread=False, isolation_level=None)
+        except (OSError, sqlite3.Error) as exc:
+            raise JournalError(self.path, f"cannot open ({exc})") from None
+        try:
+            _retry_busy(self.path, lambda: self._set_up(conn))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        # Check before writing anything, so a foreign database is never converted.
+        conn.execute(f"PRAGMA busy_timeout={int(BUSY_SECONDS * 1000)}")
+        self._check_schema(conn, missing_ok=True)
+        # journal_mode=WAL takes an exclusive lock that the busy timeout does not cover on a
+        # fresh file, so _retry_busy retries it; a file already in WAL needs no change.
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            if conn.execute("PRAGMA journal_mode=WAL").fetchone()[0] != "wal":
+                raise sqlite3.OperationalError("database is locked (journal mode not switched)")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute(_CREATE)
+
+    def _open_readonly(self) -> Optional[sqlite3.Connection]:
+        if not self.path.exists():
+            return None  # an empty journal; nothing is created
+        if self.path.is_dir():
+            raise JournalError(self.path, "is a folder, not a journal file")
+        base = "file:" + urllib.parse.quote(str(self.path.resolve())) + "?mode=ro"
+        # On a read-only file system a WAL database without its -shm file only opens as
+        # immutable, which is safe there: nobody can be writing it.
+        for uri in (base, base + "&immutable=1"):
+            conn = sqlite3.connect(uri, uri=True, timeout=BUSY_SECONDS, check_same_thread=False, isolation_level=None)
+            try:
+                _retry_busy(self.path, lambda: self._check_schema(conn, missing_ok=False))
+                return conn
+            except JournalError as exc:
+                conn.close()
+                if "unable to open" not in str(exc):
+                    raise
+                error = exc
+        raise error
+
+    def _check_schema(self, conn: sqlite3.Connection, missing_ok: bool) -> None:
+        """Raise :class:`JournalError` unless the file is empty or a twice_envs journal."""
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        if _TABLE not in tables:
+            if tables:
+                shown = ", ".join(sorted(tables)[:5])
+                raise JournalError(self.path, f"not a twice_envs tool journal (a SQLite database with tables {shown}); "
+                                   "it was left unchanged: choose another file")
+            if not missing_ok:
+                raise JournalError(self.path, "not a twice_envs tool journal (no 'calls' table)")
+            return
+        columns = tuple(r[1] for r in conn.execute(f"PRAGMA table_info({_TABLE})"))
+        if columns != _COLUMNS:
+            raise JournalError(self.path, f"not a twice_envs tool journal (table 'calls' has columns {columns})")
+
+    def _query(self, sql: str, params: tuple = ()) -> list:
+        """Run ``sql`` on the file; SQLite errors become a :class:`JournalError` naming it."""
+        db = self._db()
+        return _retry_busy(self.path, lambda: db.execute(sql, params).fetchall())
+
+    def _decode(self, text: str, key: str) -> Any:
+        try:
+            return json.loads(text)
+        except (ValueError, RecursionError):
+            raise JournalError(self.path, f"the stored result for key {key[:16]}... is not valid JSON (corrupt file)") from None
 
     def _remember(self, key: str, text: str) -> None:
         self._mem[key] = text
@@ -131,34 +228,37 @@ class Journal:
         with self._lock:
             text = self._mem.get(key)
             if text is None:
-                db = self._db()
-                if db is not None:
-                    row = db.execute("SELECT result, name, version FROM calls WHERE key=?", (key,)).fetchone()
+                if self._db() is not None:
+                    rows = self._query("SELECT result, name, version FROM calls WHERE key=?", (key,))
                     # The key covers name and version; the check guards against a foreign file.
-                    if row is not None and row[1] == name and row[2] == version:
-                        text = row[0]
+                    if rows and rows[0][1] == name and rows[0][2] == version:
+                        text = rows[0][0]
+                        if not isinstance(text, str):
+                            raise JournalError(self.path, f"the stored result for key {key[:16]}... is not text (corrupt file)")
                         self._remember(key, text)
             else:
                 self._mem.move_to_end(key)
         if text is None:
             return False, None
-        return True, json.loads(text)
+        return True, self._decode(text, key)
 
     def record(self, name: str, version: str, args: dict, result: Any) -> Any:
-        """Store a result (the first one stored for a key wins); returns the stored result."""
+        """Store a result (the first one stored for a key wins); returns the stored result.
+
+        A read-only journal keeps it in memory only.
+        """
         key = tool_key(name, version, args)
         text = canonical_json(result)
         with self._lock:
-            db = self._db()
-            if db is not None:
-                db.execute(
+            if not self.readonly and self._db() is not None:
+                self._query(
                     "INSERT OR IGNORE INTO calls (key, name, version, args, result, created) VALUES (?,?,?,?,?,?)",
                     (key, name, version, canonical_json(args), text, time.time()),
                 )
-                row = db.execute("SELECT result FROM calls WHERE key=?", (key,)).fetchone()
-                text = row[0] if row is not None else text
+                rows = self._query("SELECT result FROM calls WHERE key=?", (key,))
+                text = rows[0][0] if rows else text
             self._remember(key, text)
-        return json.loads(text)
+        return self._decode(text, key)
 
     def call(self, tool: Tool, args: dict) -> Any:
         """The result of ``tool(**args)``: from the journal when present, else computed."""
@@ -185,16 +285,34 @@ class Journal:
             self._mem.clear()
 
     def __len__(self) -> int:
-        db = self._db()
-        if db is None:
+        if self._db() is None:
             return len(self._mem)
-        return int(db.execute("SELECT COUNT(*) FROM calls").fetchone()[0])
+        return int(self._query("SELECT COUNT(*) FROM calls")[0][0])
 
     def close(self) -> None:
         with self._lock:
             if self._conn is not None and self._conn_pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+
+def _retry_busy(path: Optional[Path], fn: Callable[[], Any]) -> Any:
+    """``fn()``, retried while another process holds the file's lock; other SQLite errors
+    become a :class:`JournalError` naming ``path``."""
+    deadline = time.monotonic() + BUSY_SECONDS
+    delay = 0.005
+    while True:
+        try:
+            return fn()
+        except sqlite3.OperationalError as exc:
+            text = str(exc)
+            busy = "locked" in text or "busy" in text
+            if not busy or time.monotonic() > deadline:
+                raise JournalError(path, f"{text} (after {BUSY_SECONDS:g} s)" if busy else text) from None
+        except sqlite3.DatabaseError as exc:
+            raise JournalError(path, f"not a usable SQLite journal ({exc}): the file is corrupt or of another kind") from None
+        time.sleep(delay * (0.5 + random.random()))  # jitter, so waiting processes do not retry in step
+        delay = min(delay * 2, 0.2)
 
 
 class JournaledTool(Tool):
@@ -212,11 +330,11 @@ _SHARED: dict[str, Journal] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_journal(path: Optional[str | os.PathLike] = None) -> Journal:
+def shared_journal(path: Optional[str | os.PathLike] = None, *, readonly: bool = False) -> Journal:
     """The process-wide journal for ``path`` (``None``: the memory-only one)."""
-    key = "" if path is None else str(Path(path).resolve())
+    key = "" if path is None else ("ro:" if readonly else "") + str(Path(path).resolve())
     with _SHARED_LOCK:
         j = _SHARED.get(key)
         if j is None:
-            j = _SHARED[key] = Journal(None if path is None else path)
+            j = _SHARED[key] = Journal(None if path is None else path, readonly=readonly)
         return j

@@ -8,6 +8,14 @@ observation and reward. ``digests[0]`` covers the reset; for ``t >= 1``::
 
 so two records with equal last digests went through identical turns. Files hold one
 record per line (JSON lines) and are written atomically.
+
+Encoding: files are UTF-8. A record may hold any Python ``str``, including lone
+surrogates such as ``'\\udcff'`` (what decoding bad bytes with ``surrogateescape``
+gives); those code points are written in their 3-byte form (Python's
+``surrogatepass``), so every record reads back exactly. Only lines holding such code
+points are not strict UTF-8. The digests hash ASCII canonical JSON; a value holding
+surrogate code points is hashed as its ``surrogatepass`` UTF-8 bytes instead, so
+distinct strings never share a digest (``'\\ud83d\\ude00'`` and ``'😀'`` differ).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +33,10 @@ from typing import Any, Iterable, Iterator
 from twice_envs.errors import TrajectoryFormatError
 
 FORMAT = "twice_envs.trajectory/1"
+#: How record files are encoded and decoded (see the module docstring).
+ENCODING, ERRORS = "utf-8", "surrogatepass"
+#: An escaped UTF-16 surrogate in ASCII JSON: a non-BMP character or a surrogate code point.
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def canonical_json(value: Any) -> str:
@@ -38,16 +51,32 @@ def _reward_text(reward: float) -> str:
     return repr(r)
 
 
+def digest_bytes(value: Any) -> bytes:
+    """The bytes a digest hashes: ASCII canonical JSON, unless ``value`` holds surrogate code points.
+
+    ASCII JSON writes ``'😀'`` and the two code points ``'\\ud83d\\ude00'`` alike, so
+    values with surrogate code points (never valid text) are hashed as non-ASCII JSON
+    in ``surrogatepass`` UTF-8: injective, and disjoint from every ASCII payload, so the
+    digests of all other values stay as they were.
+    """
+    payload = canonical_json(value)
+    if _ESCAPED_SURROGATE.search(payload):
+        wide = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        try:
+            wide.encode(ENCODING)
+        except UnicodeEncodeError:
+            return wide.encode(ENCODING, ERRORS)
+    return payload.encode()
+
+
 def reset_digest(env_id: str, version: str, kwargs: dict, seed: int, options: dict, obs: str) -> str:
     """Digest of the reset: what the env is, how it was reset, and what it showed first."""
-    payload = canonical_json([FORMAT, env_id, str(version), kwargs, int(seed), options, obs])
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return hashlib.sha256(digest_bytes([FORMAT, env_id, str(version), kwargs, int(seed), options, obs])).hexdigest()
 
 
 def step_digest(previous: str, action: str, obs: str, reward: float) -> str:
     """``H(digest_{t-1}, action_t, obs_t, reward_t)``."""
-    payload = canonical_json([previous, action, obs, _reward_text(reward)])
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return hashlib.sha256(digest_bytes([previous, action, obs, _reward_text(reward)])).hexdigest()
 
 
 @dataclass
@@ -145,7 +174,21 @@ class Trajectory:
             if name not in data:
                 raise TrajectoryFormatError(f"{where}: missing field {name!r}")
             if not isinstance(data[name], typ) or (typ is int and isinstance(data[name], bool)):
-                raise TrajectoryFormatError(f"{where}: field {name!r} must be {typ.__name__}")
+                raise TrajectoryFormatError(
+                    f"{where}: field {name!r} must be {_JSON_NAMES[typ]}, got {_json_type(data[name])}"
+                )
+        for name in ("actions", "observations", "digests"):
+            for i, x in enumerate(data[name]):
+                if not isinstance(x, str):
+                    raise TrajectoryFormatError(f"{where}: {name}[{i}] must be a string, got {_json_type(x)}")
+        for i, r in enumerate(data["rewards"]):
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
+                raise TrajectoryFormatError(f"{where}: rewards[{i}] must be a finite number, got {r!r:.40}")
+        for name in ("terminated", "truncated"):
+            if not isinstance(data.get(name, False), bool):
+                raise TrajectoryFormatError(f"{where}: field {name!r} must be true or false, got {_json_type(data[name])}")
+        if not isinstance(data.get("meta") or {}, dict):
+            raise TrajectoryFormatError(f"{where}: field 'meta' must be object, got {_json_type(data['meta'])}")
         n = len(data["actions"])
         if len(data["observations"]) != n + 1 or len(data["rewards"]) != n or len(data["digests"]) != n + 1:
             raise TrajectoryFormatError(
@@ -159,12 +202,12 @@ class Trajectory:
             data["seed"],
             data["options"],
             data["noise"],
-            [str(a) for a in data["actions"]],
-            [str(o) for o in data["observations"]],
+            list(data["actions"]),
+            list(data["observations"]),
             [float(r) for r in data["rewards"]],
-            [str(d) for d in data["digests"]],
-            bool(data.get("terminated", False)),
-            bool(data.get("truncated", False)),
+            list(data["digests"]),
+            data.get("terminated", False),
+            data.get("truncated", False),
             dict(data.get("meta") or {}),
         )
 
@@ -178,13 +221,29 @@ class Trajectory:
                 raise ReplayDivergence(t, self.digests[t], d, "the record's own digest chain is broken")
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
+_JSON_NAMES = {str: "string", int: "integer", dict: "object", list: "array"}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return {str: "a string", dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, errors: str = "strict") -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
+
+    ``errors`` is the UTF-8 error handler (record files use ``"surrogatepass"``).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -198,28 +257,82 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def save_trajectories(path: str | os.PathLike, records: Iterable[Trajectory | dict]) -> None:
-    """Write records as JSON lines, atomically."""
+    """Write records as JSON lines, atomically (any ``str`` round-trips; see the module docstring)."""
     lines = []
     for r in records:
         data = r.to_json() if isinstance(r, Trajectory) else r
         lines.append(json.dumps(data, ensure_ascii=False, allow_nan=False))
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    atomic_write_text(path, "".join(line + "\n" for line in lines), errors=ERRORS)
+
+
+def read_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
+    """``("file:line", value or TrajectoryFormatError)`` per non-blank line; goes on past bad lines.
+
+    Lines are read one at a time. A file that cannot be read at all (missing, a folder,
+    no permission) raises :class:`TrajectoryFormatError`.
+    """
+    path = Path(path)
+    try:
+        fh = open(path, "rb")
+    except FileNotFoundError:
+        raise TrajectoryFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TrajectoryFormatError(f"{path}: is a folder, not a trajectory file") from None
+    except OSError as exc:
+        raise TrajectoryFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with fh:
+        lineno = 0
+        while True:
+            try:
+                raw = fh.readline()
+            except IsADirectoryError:
+                raise TrajectoryFormatError(f"{path}: is a folder, not a trajectory file") from None
+            except OSError as exc:
+                raise TrajectoryFormatError(f"{path}:{lineno + 1}: cannot read ({exc.strerror or exc})") from None
+            if not raw:
+                return
+            lineno += 1
+            if raw.strip():
+                where = f"{path}:{lineno}"
+                yield where, _decode_line(raw, where)
+
+
+def _decode_line(raw: bytes, where: str) -> Any:
+    if b"\x00" in raw:
+        return TrajectoryFormatError(f"{where}: binary data (NUL bytes), not a JSON lines trajectory file")
+    try:
+        text = raw.decode(ENCODING, ERRORS)
+    except UnicodeDecodeError as exc:
+        return TrajectoryFormatError(
+            f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+            "trajectory files are UTF-8 JSON lines"
+        )
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        return TrajectoryFormatError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})")
+    except RecursionError:
+        return TrajectoryFormatError(f"{where}: JSON nested too deeply to be a trajectory")
 
 
 def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
     """``("file:line", value)`` for each non-blank line of a JSON lines file; errors name the line."""
-    path = Path(path)
-    if not path.exists():
-        raise TrajectoryFormatError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise TrajectoryFormatError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
-            yield f"{path}:{lineno}", data
+    for where, data in read_json_lines(path):
+        if isinstance(data, TrajectoryFormatError):
+            raise data
+        yield where, data
+
+
+def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, "Trajectory | TrajectoryFormatError"]]:
+    """``("file:line", record or TrajectoryFormatError)`` per line: a bad line does not stop the rest."""
+    for where, data in read_json_lines(path):
+        if isinstance(data, TrajectoryFormatError):
+            yield where, data
+            continue
+        try:
+            yield where, Trajectory.from_json(data, where=where)
+        except TrajectoryFormatError as exc:
+            yield where, exc
 
 
 def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:

@@ -192,3 +192,51 @@ def test_forks_reuse_pooled_engines(env):
         assert child.trajectory.digests == env.trajectory.digests[: t + 1]
         del child
     assert POOL.created == created  # no new library copies, no re-parsing
+
+
+@pytest.mark.parametrize(
+    "field, garbage",
+    [
+        ("pddl_problem", "(define (problem garbage) oops ((("),
+        ("pddl_domain", "garbage ))) ("),
+        ("grammar", "{not a grammar"),
+    ],
+)
+def test_garbage_pddl_is_a_data_error_naming_the_file(tmp_path, monkeypatch, field, garbage):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
+    bundled = twice_envs.make("ALFWorld-v0", task_types=["pick_and_place_simple"])
+    bundled.reset(seed=0, options={"index": 0})
+    rel = "pick_and_place_simple-X-None-Y-1/trial_1"
+    _real_layout(tmp_path, {rel: json.dumps({**bundled.game.as_json(), field: garbage})})
+    e = twice_envs.make("ALFWorld-v0", data_dir=str(tmp_path))
+    with pytest.raises(DataFormatError, match=rf"{rel}/game.tw-pddl: the engine cannot load this game"):
+        e.reset(seed=0)
+    # the env is usable again with a good game
+    e2 = twice_envs.make("ALFWorld-v0", task_types=["pick_and_place_simple"])
+    assert e2.reset(seed=0, options={"index": 0})[0] == bundled.trajectory.observations[0]
+
+
+def test_a_missing_split_folder_never_serves_another_split(tmp_path, monkeypatch):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
+    bundled = twice_envs.make("ALFWorld-v0", task_types=["pick_and_place_simple"])
+    bundled.reset(seed=0, options={"index": 0})
+    game = json.dumps(bundled.game.as_json())
+    d = tmp_path / "json_2.1.1" / "valid_seen" / "pick_and_place_simple-X-None-Y-1" / "trial_1"
+    d.mkdir(parents=True)
+    (d / "game.tw-pddl").write_text(game)
+    assert len(twice_envs.make("ALFWorld-v0", data_dir=str(tmp_path), split="valid_seen").games) == 1
+    for split in ("train", "valid_unseen"):
+        with pytest.raises(DataFormatError, match=rf"no '{split}' split folder here \(it holds valid_seen\)"):
+            twice_envs.make("ALFWorld-v0", data_dir=str(tmp_path), split=split)
+    split_dir = str(tmp_path / "json_2.1.1" / "valid_seen")
+    assert len(twice_envs.make("ALFWorld-v0", data_dir=split_dir, split="valid_seen").games) == 1
+    with pytest.raises(DataFormatError, match="this is the 'valid_seen' split folder, but split='train'"):
+        twice_envs.make("ALFWorld-v0", data_dir=split_dir, split="train")
+
+
+@pytest.mark.parametrize("shape", ["<action>", "<action", "<ACTION>a</action>"])
+def test_parse_action_takes_linear_time(shape):
+    from tests.envs._timing import growth
+    from twice_envs.envs.alfworld.env import parse_action
+
+    assert growth(parse_action, shape) < 20  # 8x the input: linear ~8, quadratic ~64

@@ -105,3 +105,10 @@ def test_clean_query_handles_odd_input():
     assert P.clean_query("bad \ud800 surrogate \x00 nul") == "bad ? surrogate nul"
     assert P.clean_query("\u200b\u202e") == ""
     assert P.clean_query("日本 🙂") == "日本 🙂"
+
+
+@pytest.mark.parametrize("shape", ["<search>", "<answer>", "<search>x</answer>", "<"])
+def test_parse_action_takes_linear_time(shape):
+    from tests.envs._timing import growth
+
+    assert growth(P.parse_action, shape) < 20  # 8x the input: linear ~8, quadratic ~64

@@ -204,3 +204,32 @@ def test_sampler_follows_goal_weights(tmp_path):
     b = next(i for i in range(5) if goals[i].asin == "B0TESTBBB2")
     picks = [env.reset(seed=s)[1]["goal"] for s in range(1000)]
     assert 0.44 < picks.count(b) / 1000 < 0.56  # weight 1 of a total 2
+
+
+def test_data_without_usable_goals_fails_at_make_and_says_why(tmp_path):
+    from twice_envs.errors import DataFormatError
+
+    kw = write_shop(tmp_path / "a", attributes={})
+    with pytest.raises(DataFormatError, match=r"items\.json: no usable goals: none of the 3 products has an instruction.*none in .*ins\.json"):
+        twice_envs.make("WebShop-v0", **kw)
+    kw = write_shop(tmp_path / "b")
+    del kw["attributes_path"]
+    with pytest.raises(DataFormatError, match=r"items\.json: no usable goals.*pass attributes_path"):
+        twice_envs.make("WebShop-v0", **kw)
+    kw = write_shop(tmp_path / "c", human={"B0NOTHERE0": [{"instruction": "x", "instruction_attributes": ["y"]}]})
+    with pytest.raises(DataFormatError, match=r"human\.json: no usable goals: no human instruction"):
+        twice_envs.make("WebShop-v0", human_path=str(tmp_path / "c" / "human.json"), **kw)
+    from tests.envs._webshop_data import ATTRIBUTES
+
+    one = {"B0TESTBBB2": ATTRIBUTES["B0TESTBBB2"]}  # one synthetic goal: too few for a test split
+    kw = write_shop(tmp_path / "d", attributes=one)
+    assert len(twice_envs.make("WebShop-v0", split="train", **kw).res.goals) == 1
+    with pytest.raises(DataFormatError, match=r"split 'test' has no goals.*use split='all'"):
+        twice_envs.make("WebShop-v0", split="test", **kw)
+
+
+@pytest.mark.parametrize("shape", ["click[", "search[[", "click[]", "[", "click[a\n"])
+def test_parse_action_takes_linear_time(shape):
+    from tests.envs._timing import growth
+
+    assert growth(parse_action, shape) < 20  # 8x the input: linear ~8, quadratic ~64

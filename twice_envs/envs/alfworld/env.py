@@ -24,6 +24,7 @@ import weakref
 from typing import Optional, Sequence, Union
 
 from twice_envs.core import Protocol, TextEnv
+from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.envs.alfworld import engine as _engine
 from twice_envs.envs.alfworld.games import GameEntry, list_games, load_game, resolve_task_types
 
@@ -141,13 +142,21 @@ class ALFWorldEnv(TextEnv):
         entry = self._entries[self._choose(options)]
         game = load_game(entry)
         held = self._holder[0]
-        if held is None or held.key != game.key:
-            self._holder[0] = None
-            _engine.POOL.release(held)
-            self._holder[0] = _engine.POOL.acquire(game)
-        engine = self._holder[0]
+        try:
+            if held is None or held.key != game.key:
+                self._holder[0] = None
+                _engine.POOL.release(held)
+                self._holder[0] = _engine.POOL.acquire(game)
+            engine = self._holder[0]
+            obs = engine.reset()
+        except (TwiceError, ImportError):
+            raise
+        except Exception as exc:  # the engine's parsers raise their own types on bad PDDL or grammar
+            self._holder[0] = None  # a half-loaded engine is not given back to the pool
+            raise DataFormatError(
+                entry.path, None, f"the engine cannot load this game ({type(exc).__name__}: {str(exc)[:300]})"
+            ) from exc
         self.game = game
-        obs = engine.reset()
         info = self._info(engine)
         info.update(game=game.name, task_type=game.task_type, goal=game.goal)
         return obs, info

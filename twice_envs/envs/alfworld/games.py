@@ -5,7 +5,9 @@ Real data (from ``alfworld-download``) is laid out as::
     $ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>-<obj>-.../<trial>/game.tw-pddl
 
 (with a ``traj_data.json`` beside each game). ``data_dir`` may name ``$ALFWORLD_DATA``,
-its ``json_2.1.1`` folder, a split folder, or any folder holding game folders.
+its ``json_2.1.1`` folder, a split folder, or any folder holding game folders. A folder
+laid out by split that lacks the requested split is an error (never another split's
+games), and so is a split folder named for another split.
 Games are listed in sorted order of their relative path (never filesystem order), so
 an index names the same game on every machine.
 
@@ -288,9 +290,18 @@ def resolve_data_dir(data_dir: str, split: str) -> Path:
     root = Path(os.path.expanduser(data_dir))
     if not root.is_dir():
         raise TwiceError(f"ALFWorld data_dir {root} (from {raw!r}) is not a folder")
-    for candidate in (root / "json_2.1.1" / split, root / split, root):
-        if candidate.is_dir():
-            return candidate
+    for parent in (root / "json_2.1.1", root):
+        if (parent / split).is_dir():
+            return parent / split
+        # A folder laid out by split must hold this split: never serve another split's games.
+        present = [s for s in SPLITS if (parent / s).is_dir()]
+        if present:
+            raise DataFormatError(
+                parent, None, f"no {split!r} split folder here (it holds {', '.join(present)}); "
+                f"download that split with `alfworld-download` or choose split={present[0]!r}"
+            )
+    if root.name in SPLITS and root.name != split:  # data_dir names another split's folder
+        raise DataFormatError(root, None, f"this is the {root.name!r} split folder, but split={split!r} was asked for")
     return root
 
 

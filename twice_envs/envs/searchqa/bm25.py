@@ -15,14 +15,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from twice_envs._cache import publish_dir
+from twice_envs._cache import build_dir, publish_dir
 
 BM25_FORMAT = "searchqa.bm25/1"
 _WORD_RE = re.compile(r"\w+")
@@ -92,8 +91,7 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
 def build_index(texts: Iterable[str], directory: str | Path, params: BM25Params = BM25Params(), *, chunk_size: int = 50_000, meta: dict | None = None) -> Path:
     """Stream ``texts`` into a BM25 index at ``directory`` (built aside, then renamed into place)."""
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = build_dir(directory)
     try:
         tok = Tokenizer(params.stem, params.stopwords)
         vocab: dict[str, int] = {}

@@ -12,13 +12,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from twice_envs._cache import cache_dir, publish_dir
+from twice_envs._cache import build_dir, cache_dir, publish_dir
 from twice_envs.errors import DataFormatError
 from twice_envs.envs.searchqa.loaders import iter_corpus_jsonl
 
@@ -64,8 +63,7 @@ def _fingerprint(path: Path) -> str:
 def build_store(source: str | Path, directory: str | Path) -> Path:
     """Stream ``source`` (wiki-18 JSONL) into a store at ``directory`` (atomic: built aside, then renamed)."""
     source, directory = Path(source), Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    tmp = build_dir(directory)
     try:
         sha = hashlib.sha256()
         offsets, id_offsets = [0], [0]

@@ -43,7 +43,7 @@ def budget_note(max_searches: int) -> str:
     return f"All {max_searches} searches are used; give the final answer between <answer> and </answer>.\n"
 
 
-_ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_OPEN_RE = re.compile(r"<(search|answer)>")
 _ARTICLES_RE = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
 
@@ -79,11 +79,21 @@ def cut_at_stop(text: str, stops: Sequence[str] = STOP_STRINGS) -> str:
 
 
 def parse_action(text: str) -> Action:
-    """Parse one raw turn (everything after the first stop string is ignored)."""
-    m = _ACTION_RE.search(cut_at_stop(text))
-    if m is None:
-        return Action(None)
-    return Action(m.group(1), m.group(2).strip())
+    """Parse one raw turn (everything after the first stop string is ignored).
+
+    The action is the leftmost ``<kind>`` opener that has a ``</kind>`` after it; its
+    content runs to the first such closer. Linear in ``len(text)``: each opener is
+    tested against the last closer of its kind instead of rescanning the rest of the
+    text (a lazy regex does that and takes quadratic time on ``"<search>" * n``).
+    """
+    text = cut_at_stop(text)
+    last_close = {kind: text.rfind(f"</{kind}>") for kind in ("search", "answer")}
+    for m in _OPEN_RE.finditer(text):
+        kind = m.group(1)
+        if last_close[kind] >= m.end():
+            end = text.find(f"</{kind}>", m.end())
+            return Action(kind, text[m.end() : end].strip())
+    return Action(None)
 
 
 def clean_query(query: str, max_chars: int = MAX_QUERY_CHARS) -> str:

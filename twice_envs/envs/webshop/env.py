@@ -41,6 +41,7 @@ INSTRUCTIONS = (
 )
 
 _ACTION = re.compile(r"\b(search|click)\[", re.IGNORECASE)
+_BRACKET = re.compile(r"[\[\]\n]")
 _RESET_OPTIONS = ("goal", "split", "index")
 
 
@@ -49,20 +50,29 @@ def parse_action(text: str) -> Optional[tuple[str, str]]:
 
     The argument runs to the matching ``]`` (inner brackets nest) on the same line; it is
     stripped and lower-cased. None when there is no such action.
+
+    Linear in ``len(text)``: one pass matches every bracket of a line with a stack, so an
+    opener's closing bracket is looked up instead of scanned for (``"click[" * n`` would
+    otherwise take quadratic time).
     """
-    for m in reversed(list(_ACTION.finditer(text))):
-        depth, i, n = 1, m.end(), len(text)
-        while i < n:
-            c = text[i]
-            if c == "[":
-                depth += 1
-            elif c == "]":
-                depth -= 1
-                if depth == 0:
-                    return m.group(1).lower(), text[m.end() : i].strip().lower()
-            elif c == "\n":
-                break
-            i += 1
+    openers = list(_ACTION.finditer(text))
+    if not openers:
+        return None
+    closing: dict[int, int] = {}  # position of a '[' -> position of its matching ']'
+    stack: list[int] = []
+    for m in _BRACKET.finditer(text):
+        c, i = m.group(), m.start()
+        if c == "[":
+            stack.append(i)
+        elif c == "]":
+            if stack:
+                closing[stack.pop()] = i
+        else:  # a newline ends every open bracket
+            stack.clear()
+    for m in reversed(openers):
+        end = closing.get(m.end() - 1)
+        if end is not None:
+            return m.group(1).lower(), text[m.end() : end].strip().lower()
     return None
 
 
@@ -118,6 +128,7 @@ class WebShopEnv(TextEnv):
         self.res: Resources = get_resources(
             products_path, attributes_path, human_path, num_products, goals, price_seed, catalogue_seed, cache_root
         )
+        self.res.goals.check_usable(split, products_path, attributes_path, human_path)
         self.split = split
         self.price_seed = int(price_seed)
         self.show_attrs = bool(show_attrs)

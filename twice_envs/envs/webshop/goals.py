@@ -34,6 +34,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from twice_envs.envs.webshop.catalogue import Catalogue, Product
+from twice_envs.errors import DataFormatError
 
 PRICE_RANGE = tuple(10.0 * i for i in range(1, 100))
 NO_CAP = 1000000
@@ -260,3 +261,27 @@ class GoalSet:
         cum = np.cumsum(w)
         pos = float(rng.random()) * total
         return r.start + min(int(np.searchsorted(cum, pos, side="right")), len(r) - 1)
+
+    def check_usable(self, split: str, products_path: Optional[str], attributes_path: Optional[str],
+                     human_path: Optional[str]) -> None:
+        """Raise :class:`DataFormatError` saying why, when ``split`` has no goal to reset to."""
+        n = len(self)
+        if n and len(self.split_range(split)):
+            return
+        if n == 0 and self.kind == "synthetic":
+            source = products_path or "<generated catalogue>"
+            why = (f"no usable goals: none of the {len(self.catalogue)} products has an instruction with "
+                   "instruction_attributes, which synthetic goals are made from")
+            why += (f" (none in {attributes_path})" if attributes_path else
+                    "; pass attributes_path (items_ins_v2*.json), or human_path with goals='human'")
+        elif n == 0:
+            source = human_path or "<human instructions>"
+            why = ("no usable goals: no human instruction with instruction_attributes names a product of this "
+                   f"catalogue ({len(self.catalogue)} products"
+                   + (f" from {products_path})" if products_path else ")"))
+        else:
+            source = products_path or human_path or "<generated catalogue>"
+            why = (f"split {split!r} has no goals: {n} {self.kind} goal(s) all fall in other splits "
+                   "(test and eval take 10% each); use split='all' or more data")
+        raise DataFormatError(source, None, why)
+
