@@ -77,3 +77,23 @@ def test_checker_catches_broken_envs(cls, match):
     twice_envs.register(env_id, f"tests.test_check:{cls.__name__}", override=True)
     with pytest.raises(CheckFailure, match=match):
         twice_envs.check_env(twice_envs.make(env_id), num_episodes=2, num_steps=6)
+
+
+def test_checker_catches_a_restore_that_shares_the_snapshots_data():
+    # Every fork of this env looks right on its own; the restore aliases its snapshot.
+    twice_envs.register("CoinChainAliasedRestore-v0", "tests.toy_envs:CoinChainAliasedRestore", override=True)
+    with pytest.raises(CheckFailure, match=r"fork\(\d+\) of the episode with seed \d+ is wrong: .*snapshot restore"):
+        twice_envs.check_env(twice_envs.make("CoinChainAliasedRestore-v0"), num_episodes=3, num_steps=8)
+
+
+class RestoresWrongGoal(toy_envs.CoinChain):
+    """_restore drops the goal and keeps whatever the fresh env had: seen only on continuing."""
+
+    def _restore(self, state) -> None:
+        self.goal, self.pos = 1, state[1]
+
+
+def test_checker_catches_a_restore_that_drops_a_field():
+    twice_envs.register("RestoresWrongGoal-v0", "tests.test_check:RestoresWrongGoal", override=True)
+    with pytest.raises(CheckFailure, match="fork"):
+        twice_envs.check_env(twice_envs.make("RestoresWrongGoal-v0"), num_episodes=3, num_steps=8, subprocess_check=False)

@@ -91,6 +91,7 @@ class WebShopEnv(TextEnv):
 
     version = "1"
     default_max_turns = 15
+    reset_options = _RESET_OPTIONS
 
     def __init__(
         self,
@@ -194,9 +195,6 @@ class WebShopEnv(TextEnv):
         return info
 
     def _reset(self, options: dict) -> tuple[str, dict]:
-        unknown = [k for k in options if k not in _RESET_OPTIONS]
-        if unknown:
-            raise ValueError(f"unknown WebShop reset options {unknown}; accepted: goal (int), or split + index")
         goals = self.res.goals
         if "goal" in options:
             g = options["goal"]
