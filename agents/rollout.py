@@ -254,7 +254,7 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
             raise ValueError(f"request {i}: an independent twin (coupled=False) needs a fresh noise_seed")
         schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
         seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
-        env = twice_envs.replay(ep.trajectory, turn=r.turn)
+        env = twice_envs.replay(ep.trajectory, turn=r.turn, trusted=True)
         ctx, counter = _factual_context(ep, r.turn)
         key = NoiseKey(seed, r.turn, r.branch)
         stop = tuple(env.protocol().stop)

@@ -92,7 +92,8 @@ def _gym_vector_entry(env_id: str) -> Callable[..., Any]:
     return _make_vec
 
 
-def _load_entry_point(spec: EnvSpec) -> Callable[..., Any]:
+def entry_point(spec: EnvSpec) -> Callable[..., Any]:
+    """The class or factory a spec names (its module imported on first use)."""
     ep = spec.entry_point
     if callable(ep):
         return ep
@@ -136,7 +137,7 @@ def make(id: str, **kwargs: Any) -> Any:
         canonical_json(merged)
     except (TypeError, ValueError) as exc:
         raise TwiceError(f"kwargs for {id!r} must be JSON data (so episodes can be replayed): {exc}") from None
-    factory = _load_entry_point(spec)
+    factory = entry_point(spec)
     ctor_kwargs = dict(merged)
     render_mode = ctor_kwargs.pop("render_mode", None) if not _accepts(factory, "render_mode") else None
     _check_kwargs(id, factory, ctor_kwargs)

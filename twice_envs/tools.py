@@ -25,6 +25,8 @@ network off).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -33,7 +35,7 @@ import threading
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from twice_envs.errors import TwiceError
 from twice_envs.trajectory import canonical_json
@@ -86,14 +88,24 @@ class Journal:
             ``"replay"`` never calls it (a miss raises :class:`JournalMiss`);
             ``"off"`` always calls and stores nothing.
         memory_items: results kept in the memory layer (least recently used dropped).
+        readonly: never create or write the file (results of misses stay in memory);
+            a missing file reads as empty. Replays open journals this way.
     """
 
-    def __init__(self, path: Optional[str | os.PathLike] = None, *, mode: str = "record", memory_items: int = 200_000) -> None:
+    def __init__(
+        self,
+        path: Optional[str | os.PathLike] = None,
+        *,
+        mode: str = "record",
+        memory_items: int = 200_000,
+        readonly: bool = False,
+    ) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
         self.path = None if path is None else Path(path)
         self.mode = mode
         self.memory_items = int(memory_items)
+        self.readonly = bool(readonly)
         self._mem: "OrderedDict[str, str]" = OrderedDict()
         self._lock = threading.RLock()
         self._conn: Optional[sqlite3.Connection] = None
@@ -107,6 +119,12 @@ class Journal:
             return None
         if self._conn is None or self._conn_pid != os.getpid():
             # A connection must not cross a fork(): open one per process.
+            if self.readonly:
+                if not self.path.is_file():
+                    return None
+                conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+                self._conn, self._conn_pid = conn, os.getpid()
+                return conn
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), timeout=60.0, check_same_thread=False, isolation_level=None)
             conn.execute("PRAGMA busy_timeout=60000")
@@ -149,7 +167,7 @@ class Journal:
         key = tool_key(name, version, args)
         text = canonical_json(result)
         with self._lock:
-            db = self._db()
+            db = None if self.readonly else self._db()
             if db is not None:
                 db.execute(
                     "INSERT OR IGNORE INTO calls (key, name, version, args, result, created) VALUES (?,?,?,?,?,?)",
@@ -208,15 +226,30 @@ class JournaledTool(Tool):
         return self.journal.call(self.tool, args)
 
 
-_SHARED: dict[str, Journal] = {}
+_SHARED: dict[tuple[str, bool], Journal] = {}
 _SHARED_LOCK = threading.Lock()
+_READ_ONLY = contextvars.ContextVar("twice_envs_read_only_journals", default=False)
 
 
-def shared_journal(path: Optional[str | os.PathLike] = None) -> Journal:
-    """The process-wide journal for ``path`` (``None``: the memory-only one)."""
-    key = "" if path is None else str(Path(path).resolve())
+@contextlib.contextmanager
+def read_only_journals() -> Iterator[None]:
+    """Within this block, :func:`shared_journal` hands out read-only journals (replays use it)."""
+    token = _READ_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READ_ONLY.reset(token)
+
+
+def shared_journal(path: Optional[str | os.PathLike] = None, *, readonly: Optional[bool] = None) -> Journal:
+    """The process-wide journal for ``path`` (``None``: the memory-only one).
+
+    ``readonly`` defaults to whether the caller runs inside :func:`read_only_journals`.
+    """
+    readonly = _READ_ONLY.get() if readonly is None else bool(readonly)
+    key = ("" if path is None else str(Path(path).resolve()), readonly and path is not None)
     with _SHARED_LOCK:
         j = _SHARED.get(key)
         if j is None:
-            j = _SHARED[key] = Journal(None if path is None else path)
+            j = _SHARED[key] = Journal(None if path is None else path, readonly=key[1])
         return j

@@ -263,7 +263,7 @@ class _TextVectorMixin:
         """A live, independent env (in this process) at ``turn`` of sub-env ``index``'s episode."""
         from twice_envs.replay import replay
 
-        return replay(self.fork_record(index, turn))
+        return replay(self.fork_record(index, turn), trusted=True)  # a record of our own sub-env
 
     def _check_reset_seed(self, seed: Any) -> Any:
         if seed is None or isinstance(seed, (int, np.integer)):

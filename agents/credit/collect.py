@@ -90,7 +90,7 @@ def run_twins(
         ep = factual[r.episode]
         schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
         seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
-        env = twice_envs.replay(ep.trajectory, turn=r.turn)
+        env = twice_envs.replay(ep.trajectory, turn=r.turn, trusted=True)
         ctx, counter = _context(ep, r.turn)
         key = NoiseKey(seed, r.turn, r.branch)
         rows.append((r, ep, env, key))

@@ -24,6 +24,7 @@ the tool's luck.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from typing import Any, Optional
 
@@ -32,6 +33,7 @@ from twice_envs.envs.searchqa import protocol as P
 from twice_envs.envs.searchqa.corpus_gen import Rng
 from twice_envs.envs.searchqa.loaders import Question
 from twice_envs.envs.searchqa.resources import Resources, get_resources
+from twice_envs.tools import shared_journal
 
 REWARDS = ("em", "subem", "f1", "cost_f1")
 COUPLINGS = ("branch", "episode")
@@ -108,6 +110,9 @@ class SearchQAEnv(TextEnv):
             corpus=corpus, questions=questions, generator=generator, retriever=retriever,
             retriever_options=retriever_options, journal=journal, search_tool=search_tool,
         )
+        journal_now = shared_journal(journal)  # read-only inside a replay
+        if self.resources.journal is not journal_now:  # the cached resources came from the other mode
+            self.resources = dataclasses.replace(self.resources, journal=journal_now)
         self._custom_tool = search_tool is not None
         if split not in self.resources.questions:
             raise ValueError(f"split {split!r} not found; available: {sorted(self.resources.questions)}")
