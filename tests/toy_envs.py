@@ -18,8 +18,8 @@ class CoinChainReplayOnly(TextEnv):
     default_max_turns = 12
     reset_options = ("goal",)
 
-    def __init__(self, *, length: int = 6, max_turns: int | None = None) -> None:
-        super().__init__(max_turns=max_turns)
+    def __init__(self, *, length: int = 6, max_turns: int | None = None, render_mode: str | None = None) -> None:
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
         if length < 2:
             raise ValueError("length must be >= 2")
         self.length = length

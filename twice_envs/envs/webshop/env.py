@@ -87,11 +87,13 @@ class WebShopEnv(TextEnv):
         max_query_chars: longer queries are invalid actions.
         max_turns: actions before truncation (default 15).
         cache_root: where built caches go (default: the twice_envs cache directory).
+        render_mode: ``None`` or ``"ansi"`` (``render()`` gives the current page).
     """
 
     version = "1"
     default_max_turns = 15
     reset_options = _RESET_OPTIONS
+    path_kwargs = ("cache_root",)
 
     def __init__(
         self,
@@ -110,8 +112,9 @@ class WebShopEnv(TextEnv):
         max_query_chars: int = 500,
         max_turns: Optional[int] = None,
         cache_root: Optional[str] = None,
+        render_mode: Optional[str] = None,
     ) -> None:
-        super().__init__(max_turns=max_turns)
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if max_query_chars < 1:
