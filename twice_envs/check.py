@@ -11,7 +11,7 @@ It checks, on random action sequences drawn from a fixed seed:
 * determinism: two resets with one seed give identical episodes; so does a second
   Python process with a different ``PYTHONHASHSEED``;
 * fork == replay at every turn, by snapshot (when the env has one) and by replay: the
-  restored state equals the replayed one (state digest and generator), and both go on
+  restored state equals the replayed one (snapshot state and generator), and both go on
   exactly as the record; forking a turn again after its fork was stepped gives the
   same state (a restore that shares mutable data with its snapshot fails here);
 * fork independence: stepping a fork never changes the original;
@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from twice_envs.core import TextEnv, state_digest, twin_step
+from twice_envs.core import TextEnv, twin_step
 from twice_envs.errors import ReplayDivergence, TwiceError
 
 BAD_ACTIONS: tuple[str, ...] = (
@@ -131,7 +131,7 @@ def _verified_fork(env: TextEnv, turn: int, record: Any) -> TextEnv:
 
 def _same_state(a: TextEnv, b: TextEnv, what_a: str, what_b: str) -> None:
     """Fail unless two envs hold the same snapshot state and the same generator state."""
-    if state_digest(a._snapshot()) != state_digest(b._snapshot()):
+    if a._snapshot() != b._snapshot():
         _fail(
             f"{what_a} restores a state that differs from {what_b}: _snapshot() gives "
             f"{a._snapshot()!r:.200} against {b._snapshot()!r:.200}"

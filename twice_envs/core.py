@@ -28,8 +28,8 @@ The base class does everything the contract needs around them:
 * **Forks.** ``env.fork(turn)`` returns an independent env in the state after
   ``turn`` actions, by snapshot when the subclass implements ``_snapshot`` /
   ``_restore`` (plain data, never mutated afterwards), otherwise by replay. Both are
-  verified: a replay against the digest chain, a restore against a digest of the
-  state taken when the snapshot was (:func:`state_digest`); a mismatch raises
+  verified: a replay against the digest chain, a restore against the state as it was
+  when the snapshot was taken (:func:`state_digest`); a mismatch raises
   :class:`ReplayDivergence`.
 * **Noise.** The env carries a :class:`NoiseSchedule` and reports the key base of
   the agent's next turn in ``info["noise_key"]``; the factual schedule's seed is
@@ -60,12 +60,21 @@ BASE_OPTIONS = ("noise_seed",)
 EPISODE_OVER = "The episode is over. Call reset() to start a new one."
 
 
-def state_digest(state: Any) -> str:
-    """A digest of a :meth:`TextEnv._snapshot` value, to verify a restore against.
+def state_digest(state: Any) -> Optional[str]:
+    """What a restore of a :meth:`TextEnv._snapshot` value is verified against.
 
-    The canonical JSON of the state when it is JSON data (tuples count as lists),
-    else its pickle; compared only within one process.
+    ``None`` for an immutable (hashable) state: nothing can change it after the
+    snapshot, so the restored state is compared with the snapshot value itself, which
+    costs next to nothing. A mutable state (lists, dicts) is digested now, from its
+    canonical JSON, or its pickle when it is not JSON data: a later change to it (a
+    restore that shares it with the env, which then mutates it) shows up as a
+    mismatch. Digests are compared only within one process.
     """
+    try:
+        hash(state)
+        return None
+    except TypeError:
+        pass
     try:
         data = canonical_json(state).encode()
     except (TypeError, ValueError):
@@ -368,12 +377,13 @@ class TextEnv(gymnasium.Env[str, str]):
         state, rng_state, _, digest = snapshot
         self._restore(state)
         self.np_random.bit_generator.state = copy.deepcopy(rng_state)
-        got = state_digest(self._snapshot())
-        if got != digest:
+        restored = self._snapshot()
+        ok = restored == state if digest is None else state_digest(restored) == digest
+        if not ok:
             raise ReplayDivergence(
                 turn,
-                digest,
-                got,
+                digest or repr(state)[:40],
+                state_digest(restored) or repr(restored)[:40],
                 f"snapshot restore: after _restore, {type(self).__name__}._snapshot() differs from the state "
                 "recorded at that turn (a _restore that misses a field, or a snapshot mutated after it was "
                 "taken: copy what you mutate)",
@@ -394,8 +404,8 @@ class TextEnv(gymnasium.Env[str, str]):
         """An independent env in exactly the state after ``turn`` actions (default: now).
 
         Uses a snapshot where the env supports it, replay otherwise; a replay is
-        verified against the digest chain, a restore against the state digest taken
-        with the snapshot (:class:`ReplayDivergence` on mismatch).
+        verified against the digest chain, a restore against the state as it was when
+        the snapshot was taken (:class:`ReplayDivergence` on mismatch).
         """
         traj = self.trajectory
         turn = check_turn(traj.num_turns if turn is None else turn, traj.num_turns)
