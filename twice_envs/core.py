@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import io
 import pickle
 from dataclasses import dataclass
 from typing import Any, Optional, SupportsFloat
@@ -78,8 +79,21 @@ def state_digest(state: Any) -> Optional[str]:
     try:
         data = canonical_json(state).encode()
     except (TypeError, ValueError):
-        data = pickle.dumps(state, protocol=4)
+        data = _pickle_by_value(state)
     return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _pickle_by_value(state: Any) -> bytes:
+    # Without the memo, an object reached twice is written twice: equal states give
+    # equal bytes whether or not they share sub-objects (a restore may copy them).
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=4)
+    pickler.fast = True
+    try:
+        pickler.dump(state)
+    except (ValueError, RecursionError):  # a cyclic state: fall back to the memo
+        return pickle.dumps(state, protocol=4)
+    return buf.getvalue()
 
 
 def check_turn(turn: Any, num_turns: int, what: str = "fork") -> int:

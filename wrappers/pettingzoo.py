@@ -148,8 +148,8 @@ class GroupParallelEnv(ParallelEnv):
         declares none gets every key.
         """
         accepted = self._group[0].reset_options
-        if not options or accepted is None:
-            return options
+        if not isinstance(options, dict) or accepted is None:
+            return options  # the env itself says what is wrong with options that are not a dict
         dropped = sorted(k for k in options if k not in accepted and k not in BASE_OPTIONS)
         if dropped:
             warnings.warn(

@@ -169,6 +169,8 @@ def test_group_forwards_known_reset_options_and_drops_others_with_a_warning():
         obs, _ = group.reset(seed=1, options={"goal": 4, "options": 1, "bogus": 2})
     assert all(group.world(a).trajectory.options.get("goal") == 4 for a in group.agents)
     assert all("options" not in group.world(a).trajectory.options for a in group.agents)
+    with pytest.raises(ValueError, match="reset options must be a dict"):
+        group.reset(seed=1, options="notadict")
     # the env alone still refuses a key it does not know
     with pytest.raises(ValueError, match="unknown CoinChain reset options"):
         twice_envs.make("CoinChain-v0").reset(seed=1, options={"options": 1})
