@@ -148,8 +148,10 @@ class GroupParallelEnv(ParallelEnv):
         declares none gets every key.
         """
         accepted = self._group[0].reset_options
-        if not isinstance(options, dict) or accepted is None:
-            return options  # the env itself says what is wrong with options that are not a dict
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"reset options must be a dict (or None), got {type(options).__name__} {options!r:.80}")
+        if not options or accepted is None:
+            return options
         dropped = sorted(k for k in options if k not in accepted and k not in BASE_OPTIONS)
         if dropped:
             warnings.warn(
