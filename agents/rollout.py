@@ -23,7 +23,7 @@ import twice_envs
 from twice_envs.agents.policy import Generation, GenerationRequest, SamplingConfig
 from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
-from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule
+from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule, seed_sequence_uint64
 
 #: Final-info entries never copied into ``EpisodeRecord.info`` (bulky or per-step).
 _INFO_SKIP = ("noise_key", "digest", "admissible_actions", "turn", "messages")
@@ -59,10 +59,7 @@ class BranchRequest:
 
 def episode_noise_seed(noise_seed: int, group: int, index: int) -> int:
     """The 64-bit episode seed of episode ``index`` of group ``group`` (stable everywhere)."""
-    words = np.random.SeedSequence([int(noise_seed) & UINT64_MAX, int(group), int(index), 0x52_4F_4C]).generate_state(
-        2, np.uint32
-    )
-    return int(words[0]) | (int(words[1]) << 32)
+    return seed_sequence_uint64([int(noise_seed) & UINT64_MAX, int(group), int(index), 0x52_4F_4C])
 
 
 @dataclass
@@ -257,7 +254,7 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
             raise ValueError(f"request {i}: an independent twin (coupled=False) needs a fresh noise_seed")
         schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
         seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
-        env = twice_envs.replay(ep.trajectory, turn=r.turn)
+        env = twice_envs.replay(ep.trajectory, turn=r.turn, trusted=True)
         ctx, counter = _factual_context(ep, r.turn)
         key = NoiseKey(seed, r.turn, r.branch)
         stop = tuple(env.protocol().stop)

@@ -70,7 +70,7 @@ def main(workdir: Path) -> None:
     # Network off, memory cache dropped: the SQLite journal alone answers replays and forks.
     web.transport = network_off
     shared_journal(journal).clear_memory()
-    again = twice_envs.replay(env.trajectory)
+    again = twice_envs.replay(env.trajectory, trusted=True)  # our own record: its journal path is ours
     print("replay identical with the network off:", again.trajectory.digests == env.trajectory.digests)
     branch = env.fork(1)
     branch.step("<search> who founded the harbour </search>")

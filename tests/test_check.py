@@ -168,3 +168,11 @@ def test_bad_action_probe_catches_slow_and_silent_envs():
         probe_bad_actions(twice_envs.make("HangsOnSurrogates-v0"), BAD_ACTIONS, max_step_s=0.25)
     with pytest.raises(CheckFailure, match=r"step\(''\) \(0 characters\) is flagged invalid but the observation is empty"):
         probe_bad_actions(twice_envs.make("SilentInvalid-v0"), BAD_ACTIONS)
+
+
+def test_checker_catches_a_restore_that_shares_the_snapshots_data():
+    # Every fork of this env looks right on its own; the restore aliases its snapshot.
+    twice_envs.register("CoinChainAliasedRestore-v0", "tests.toy_envs:CoinChainAliasedRestore", override=True)
+    with pytest.raises(CheckFailure, match=r"fork\(\d+\) of the episode with seed \d+ is wrong: .*snapshot restore"):
+        twice_envs.check_env(twice_envs.make("CoinChainAliasedRestore-v0"), num_episodes=3, num_steps=8)
+

@@ -220,3 +220,148 @@ def test_render_ansi():
     env = twice_envs.make("CoinChain-v0", render_mode="ansi")
     obs, _ = env.reset(seed=0)
     assert env.render() == obs
+
+
+# ---------------------------------------------------------------- resets that fail
+BAD_RESETS = [
+    ({"seed": 5, "options": {"noise_seed": -1}}, "noise_seed"),
+    ({"seed": 5, "options": {"noise_seed": 1.5}}, "noise_seed"),
+    ({"seed": 5, "options": {"noise_seed": 2**64}}, "noise_seed"),
+    ({"seed": 5, "options": {"noise_seed": "7"}}, "noise_seed"),
+    ({"seed": 5, "options": {"bogus": 1}}, "unknown CoinChain(Replay)? reset options \\['bogus'\\]"),
+    ({"seed": 5, "options": "notadict"}, "reset options must be a dict"),
+    ({"seed": 5, "options": {"goal": 1, 3: 4}}, "option names must be strings"),
+    ({"seed": 2**64}, "seed must be an int in 0..2\\*\\*64-1"),
+    ({"seed": 1.5}, "seed must be an int"),
+    ({"seed": True}, "seed must be an int"),
+]
+
+
+@pytest.mark.parametrize("kwargs, match", BAD_RESETS)
+@pytest.mark.parametrize("env_id", ["CoinChain-v0", "CoinChainReplay-v0"])
+def test_rejected_reset_changes_nothing(env_id, kwargs, match):
+    env = play(twice_envs.make(env_id), 0, ["right", "look"])
+    ref = play(twice_envs.make(env_id), 0, ["right", "look"])
+    before = env.trajectory.to_json()
+    with pytest.raises(ValueError, match=match):
+        env.reset(**kwargs)
+    assert env.trajectory.to_json() == before
+    # The old episode goes on exactly as an undisturbed env's does.
+    for a in ["left", "look", "right", "look"]:
+        if ref.done:
+            break
+        assert env.step(a)[:4] == ref.step(a)[:4]
+    assert env.trajectory.to_json() == ref.trajectory.to_json()
+
+
+def test_reset_that_raises_in__reset_refuses_to_step_until_a_good_reset():
+    env = play(twice_envs.make("CoinChain-v0"), 0, ["right"])
+    with pytest.raises(ValueError):
+        env.reset(seed=5, options={"goal": "not a number"})  # int("...") raises inside _reset
+    with pytest.raises(TwiceError, match=r"the last reset\(seed=5.*raised ValueError.*step\(\) is refused"):
+        env.step("look")
+    env.reset(seed=5)
+    obs, *_ = env.step("look")
+    assert "You are at 0" in obs and env.turn == 1
+
+
+def test_seeds_do_not_alias_and_bad_seed_types_are_refused():
+    # A uint64 seed maps to its own noise seed; nothing is folded into 64 bits.
+    seeds = {twice_envs.derive_episode_seed(s) for s in (0, 1, 2**63, 2**64 - 1)}
+    assert len(seeds) == 4
+    for bad in (2**64, 2**70, -1, 1.5, "3"):
+        with pytest.raises(ValueError, match="0..2\\*\\*64-1"):
+            twice_envs.derive_episode_seed(bad)
+    env = twice_envs.make("CoinChain-v0")
+    with pytest.raises(ValueError, match="seed must be an int in 0..2\\*\\*64-1, got 1180591620717411303424"):
+        env.reset(seed=2**70)
+    _, info = env.reset(seed=np.uint64(2**64 - 1))
+    assert env.trajectory.seed == 2**64 - 1 and info["noise_key"].episode_seed == twice_envs.derive_episode_seed(2**64 - 1)
+
+
+# ---------------------------------------------------------------- unseeded resets
+@pytest.mark.parametrize("env_id", ["CoinChain-v0", "CoinChainReplay-v0"])
+def test_unseeded_reset_continues_the_envs_own_generator(env_id):
+    runs = []
+    for _ in range(2):
+        env = twice_envs.make(env_id)
+        env.reset(seed=123)
+        env.step("right")
+        seeds = []
+        for _ in range(3):
+            env.reset()
+            seeds.append(env.trajectory.seed)
+            env.step("look")
+        runs.append((seeds, env.trajectory.to_json()))
+    assert runs[0] == runs[1]
+    assert len(set(runs[0][0])) == 3 and 123 not in runs[0][0]
+    # the recorded seed replays the episode
+    rec = twice_envs.Trajectory.from_json(runs[0][1])
+    assert twice_envs.replay(rec).trajectory.digests == rec.digests
+    # only a never-seeded env reads entropy
+    fresh = {twice_envs.make(env_id).reset()[1]["noise_key"].episode_seed for _ in range(3)}
+    assert len(fresh) == 3
+
+
+# ---------------------------------------------------------------- steps that raise
+class FailsMidStepReplayOnly(toy_envs.CoinChainReplayOnly):
+    """CoinChain whose ``boom`` action changes the state and draws from np_random, then raises."""
+
+    def _step(self, action):
+        if action == "boom":
+            self.pos = self.length - 1
+            self.np_random.random()
+            raise RuntimeError("the tool failed")
+        return super()._step(action)
+
+
+class FailsMidStep(FailsMidStepReplayOnly):
+    """The same with snapshots (forks and roll-back by restore)."""
+
+    _snapshot = toy_envs.CoinChain._snapshot
+    _restore = toy_envs.CoinChain._restore
+
+
+def test_step_that_raises_rolls_back_a_snapshot_env_exactly():
+    twice_envs.register("FailsMidStep-v0", "tests.test_core:FailsMidStep", override=True)
+    env = play(twice_envs.make("FailsMidStep-v0"), 4, ["right", "look"])
+    ref = play(twice_envs.make("FailsMidStep-v0"), 4, ["right", "look"])
+    before = (env.trajectory.to_json(), env._snapshot(), env.np_random.bit_generator.state, env.last_info)
+    with pytest.raises(RuntimeError, match="the tool failed"):
+        env.step("boom")
+    assert (env.trajectory.to_json(), env._snapshot(), env.np_random.bit_generator.state, env.last_info) == before
+    for a in ["left", "left", "look", "right"]:
+        if ref.done:
+            break
+        assert env.step(a)[:4] == ref.step(a)[:4]
+    assert env.trajectory.to_json() == ref.trajectory.to_json()
+    assert twice_envs.replay(env.trajectory).trajectory.digests == env.trajectory.digests
+
+
+def test_step_that_raises_without_snapshots_refuses_to_step_until_reset():
+    twice_envs.register("FailsMidStepReplayOnly-v0", "tests.test_core:FailsMidStepReplayOnly", override=True)
+    env = play(twice_envs.make("FailsMidStepReplayOnly-v0"), 4, ["right"])
+    before = env.trajectory.to_json()
+    with pytest.raises(RuntimeError):
+        env.step("boom")
+    assert env.trajectory.to_json() == before
+    with pytest.raises(TwiceError, match="step\\(\\) raised RuntimeError: the tool failed.*refused until a reset"):
+        env.step("look")
+    # the record is intact: a fork (by replay) is the episode before the failed step
+    assert env.fork(1).trajectory.digests == before["digests"]
+    env.reset(seed=4)
+    assert env.step("look")[0].startswith("You are at 0")
+
+
+# ---------------------------------------------------------------- verified snapshot forks
+def test_fork_verifies_the_restored_state():
+    twice_envs.register("CoinChainAliasedRestore-v0", "tests.toy_envs:CoinChainAliasedRestore", override=True)
+    env = play(twice_envs.make("CoinChainAliasedRestore-v0"), 2, ["left", "left", "look"])
+    first = env.fork(1)
+    first.step("left")  # appends to the list the parent's snapshot of turn 1 holds
+    with pytest.raises(ReplayDivergence, match="turn 1.*snapshot restore"):
+        env.fork(1)
+    # a correct env forks the same turn any number of times
+    ok = play(twice_envs.make("CoinChain-v0"), 2, ["left", "left", "look"])
+    ok.fork(1).step("left")
+    assert ok.fork(1).trajectory.digests == ok.trajectory.digests[:2]

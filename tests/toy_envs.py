@@ -16,9 +16,10 @@ class CoinChainReplayOnly(TextEnv):
 
     version = "1"
     default_max_turns = 12
+    reset_options = ("goal",)
 
-    def __init__(self, *, length: int = 6, max_turns: int | None = None) -> None:
-        super().__init__(max_turns=max_turns)
+    def __init__(self, *, length: int = 6, max_turns: int | None = None, render_mode: str | None = None) -> None:
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
         if length < 2:
             raise ValueError("length must be >= 2")
         self.length = length
@@ -65,6 +66,37 @@ class CoinChain(CoinChainReplayOnly):
 
     def _restore(self, state) -> None:
         self.goal, self.pos = state
+
+
+class CoinChainAliasedRestore(CoinChain):
+    """A subtly wrong CoinChain: ``_restore`` keeps the snapshot's list instead of copying it.
+
+    The env counts its moves in a list (``look`` reports the count). ``_snapshot``
+    copies the list, but ``_restore`` adopts the snapshot's own list, so stepping a
+    fork appends to the parent's snapshot, and the next fork at that turn starts with
+    moves that never happened. Each fork on its own looks right; only a check of the
+    restored state against the state at snapshot time finds it. Not registered with
+    the others (so suites over every registered id do not meet it); tests register it.
+    """
+
+    def _reset(self, options: dict) -> tuple[str, dict]:
+        self.moves: list[str] = []
+        return super()._reset(options)
+
+    def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        obs, reward, terminated, info = super()._step(action)
+        a = action.strip().lower()
+        if a in ("left", "right"):
+            self.moves.append(a)
+        elif a == "look":
+            obs += f" You have moved {len(self.moves)} times."
+        return obs, reward, terminated, info
+
+    def _snapshot(self):
+        return (self.goal, self.pos, list(self.moves))
+
+    def _restore(self, state) -> None:
+        self.goal, self.pos, self.moves = state  # the bug: no list(...) copy
 
 
 def register() -> None:

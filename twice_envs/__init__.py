@@ -16,7 +16,7 @@ from twice_envs.errors import (
     TwiceError,
 )
 from twice_envs.keys import NoiseKey, NoiseSchedule, derive_episode_seed
-from twice_envs.registry import descriptions, make, register, registry, spec
+from twice_envs.registry import descriptions, make, make_vec, register, registry, spec
 from twice_envs.replay import first_divergence, replay
 from twice_envs.trajectory import Trajectory, iter_trajectories, load_trajectories, save_trajectories
 
@@ -24,15 +24,6 @@ from twice_envs import envs as _builtin_envs  # noqa: F401  (registers the built
 from twice_envs.check import check_env
 
 __version__ = "0.1.0"
-
-
-def __getattr__(name: str):
-    # Adapters load on first use so that `import twice_envs` stays light.
-    if name == "make_vec":
-        from twice_envs.wrappers.vector import make_vec
-
-        return make_vec
-    raise AttributeError(f"module 'twice_envs' has no attribute {name!r}")
 
 
 __all__ = [

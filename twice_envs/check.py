@@ -10,7 +10,10 @@ It checks, on random action sequences drawn from a fixed seed:
 
 * determinism: two resets with one seed give identical episodes; so does a second
   Python process with a different ``PYTHONHASHSEED``;
-* fork == replay at every turn, by snapshot (when the env has one) and by replay;
+* fork == replay at every turn, by snapshot (when the env has one) and by replay: the
+  restored state equals the replayed one (snapshot state and generator), and both go on
+  exactly as the record; forking a turn again after its fork was stepped gives the
+  same state (a restore that shares mutable data with its snapshot fails here);
 * fork independence: stepping a fork never changes the original;
 * twins: a self-twin (the factual action again) reproduces the factual episode and
   its noise keys; a coupled twin reports the factual keys after the branch, an
@@ -37,7 +40,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from twice_envs.errors import TwiceError
+from twice_envs.core import TextEnv, twin_step
+from twice_envs.errors import ReplayDivergence, TwiceError
 
 def bad_actions() -> list[str]:
     """Malformed turns every env must survive (over 80): each must give a clear observation.
@@ -163,6 +167,25 @@ def _episode_fingerprint(env: Any) -> list[str]:
     return list(env.trajectory.digests)
 
 
+def _verified_fork(env: TextEnv, turn: int, record: Any) -> TextEnv:
+    """``env.fork(turn)``, turning a detected divergence into a :class:`CheckFailure`."""
+    try:
+        return env.fork(turn)
+    except ReplayDivergence as exc:
+        raise CheckFailure(f"fork({turn}) of the episode with seed {record.seed} is wrong: {exc}") from exc
+
+
+def _same_state(a: TextEnv, b: TextEnv, what_a: str, what_b: str) -> None:
+    """Fail unless two envs hold the same snapshot state and the same generator state."""
+    if a._snapshot() != b._snapshot():
+        _fail(
+            f"{what_a} restores a state that differs from {what_b}: _snapshot() gives "
+            f"{a._snapshot()!r:.200} against {b._snapshot()!r:.200}"
+        )
+    if a.np_random.bit_generator.state != b.np_random.bit_generator.state:
+        _fail(f"{what_a} restores a random generator state that differs from {what_b}")
+
+
 def check_env(
     env: Any,
     *,
@@ -190,12 +213,9 @@ def check_env(
             different ``PYTHONHASHSEED``.
         max_forks: turns per episode at which forks are checked.
     """
-    from twice_envs.core import TextEnv
     from twice_envs.trajectory import Trajectory, load_trajectories, save_trajectories
-    from twice_envs.wrappers.base import unwrap
-    from twice_envs.wrappers.twin import twin
 
-    base = unwrap(env)
+    base = getattr(env, "unwrapped", env)
     if not isinstance(base, TextEnv):
         _fail("check_env needs a twice_envs TextEnv")
     # The contract is the base env's; wrappers are checked through their own tests.
@@ -239,21 +259,28 @@ def check_env(
         env._replay_into(record, n)  # the original, positioned at the end
         turns = sorted(set(np.linspace(0, n, num=min(max_forks, n + 1)).astype(int).tolist()))
         for t in turns:
-            f = env.fork(t)
+            f = _verified_fork(env, t, record)
             if f.trajectory.digests != record.digests[: t + 1]:
                 _fail(f"fork({t}) does not hold the first {t} turns of the episode (seed={record.seed})")
             r = base._spawn()
             r._replay_into(record, t)
             if r.noise_key() != f.noise_key():
                 _fail(f"fork({t}) reports noise key {f.noise_key()} but replay reports {r.noise_key()}")
+            if base.supports_snapshot:
+                _same_state(f, r, f"fork({t}) by snapshot", f"replaying the record to turn {t} (seed={record.seed})")
             # continue both with the recorded actions: identical
             for a in record.actions[t:]:
                 f.step(a)
                 r.step(a)
             if f.trajectory.digests != record.digests or r.trajectory.digests != record.digests:
                 _fail(f"fork({t}) continued with the recorded actions differs from the episode (seed={record.seed})")
-            # independence: a fork stepped with other actions leaves the original alone
-            g = env.fork(t)
+            # independence: a fork stepped with other actions leaves the original alone, and
+            # forking the same turn again (after f and r were stepped) gives the same state
+            g = _verified_fork(env, t, record)
+            if base.supports_snapshot:
+                r = base._spawn()
+                r._replay_into(record, t)
+                _same_state(g, r, f"a second fork({t}), made after the first was stepped,", f"replay to turn {t}")
             g_info = g.last_info
             for _ in range(3):
                 if g.done:
@@ -272,9 +299,10 @@ def check_env(
         factual_keys = [env.fork(u).noise_key() for u in range(record.num_turns + 1)]
         t = int(rng.integers(record.num_turns))
         schedule = env.noise_schedule
-        tw = twin(env.fork(t), record.actions[t], schedule, branch=1)
-        if tw.alternative_key != (schedule.episode_seed, t, 1, 0, 0):
-            _fail(f"the twin's alternative key is {tw.alternative_key}, expected branch 1 of turn {t}")
+        tw = _verified_fork(env, t, record)
+        alternative_key, _ = twin_step(tw, record.actions[t], schedule, branch=1)
+        if alternative_key != (schedule.episode_seed, t, 1, 0, 0):
+            _fail(f"the twin's alternative key is {alternative_key}, expected branch 1 of turn {t}")
         for a in record.actions[t + 1 :]:
             tw.step(a)
         if tw.trajectory.digests != record.digests:
@@ -283,7 +311,8 @@ def check_env(
             k = tw.fork(u).noise_key()
             if k != factual_keys[u]:
                 _fail(f"coupled twin of turn {t} reports key {k} at turn {u}, factual episode reported {factual_keys[u]}")
-        ind = twin(env.fork(t), record.actions[t], schedule.episode_seed ^ 0x5A5A5A5A, branch=1)
+        ind = _verified_fork(env, t, record)
+        twin_step(ind, record.actions[t], schedule.episode_seed ^ 0x5A5A5A5A, branch=1)
         if t + 1 <= record.num_turns and not ind.done and ind.noise_key() == factual_keys[t + 1]:
             _fail("an independent twin (fresh seed) reports the factual noise key")
     report.passed.append("self-twin identity and coupled/independent noise keys")
@@ -316,7 +345,7 @@ def check_env(
         _fail("trajectories changed in a JSON lines round trip")
     if base.spec is not None:
         for r in loaded:
-            if replay(r).trajectory.digests != r.digests:
+            if replay(r, trusted=True).trajectory.digests != r.digests:
                 _fail("replay(record) did not reproduce the record")
         report.passed.append("trajectory JSON round trip and replay")
 

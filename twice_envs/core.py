@@ -13,14 +13,24 @@ The base class does everything the contract needs around them:
 * **Seeding in one place.** ``reset(seed=...)`` seeds ``self.np_random``; ``_reset``
   and ``_step`` must draw all env-side randomness from it (never from ``random``,
   ``hash()`` or the clock), so the same ``(seed, options)`` gives the same episode
-  in any process. With ``seed=None`` a seed is drawn and recorded.
+  in any process. Seeds are ints in ``0..2**64-1``. ``reset()`` without a seed
+  continues the env's own ``np_random`` as gymnasium specifies (the episode's seed is
+  drawn from it and recorded); only an env that was never seeded draws OS entropy.
+* **Validation before state changes.** ``reset`` checks the seed, the options (a
+  dict of JSON data; the keys in :attr:`TextEnv.reset_options` when the env declares
+  them) and ``options["noise_seed"]`` before it touches anything. If ``_reset`` still
+  raises, the env refuses to ``step`` until a reset succeeds.
 * **Bad actions never raise.** An exception inside ``_step`` is a bug; a malformed
   action must come back from ``_step`` as an observation with ``info["invalid"] = True``.
+  If ``_step`` raises anyway (a failing tool), an env with snapshots is rolled back to
+  the state before the step, exactly; one without refuses to ``step`` until ``reset``.
 * **The record.** ``env.trajectory`` holds the episode with its digest chain.
 * **Forks.** ``env.fork(turn)`` returns an independent env in the state after
   ``turn`` actions, by snapshot when the subclass implements ``_snapshot`` /
   ``_restore`` (plain data, never mutated afterwards), otherwise by replay. Both are
-  verified against the digest chain; a mismatch raises :class:`ReplayDivergence`.
+  verified: a replay against the digest chain, a restore against the state as it was
+  when the snapshot was taken (:func:`state_digest`); a mismatch raises
+  :class:`ReplayDivergence`.
 * **Noise.** The env carries a :class:`NoiseSchedule` and reports the key base of
   the agent's next turn in ``info["noise_key"]``; the factual schedule's seed is
   derived from the reset seed (or ``options["noise_seed"]``).
@@ -32,6 +42,9 @@ Every ``info`` holds ``turn`` (actions taken so far), ``noise_key``, ``invalid``
 from __future__ import annotations
 
 import copy
+import hashlib
+import io
+import pickle
 from dataclasses import dataclass
 from typing import Any, Optional, SupportsFloat
 
@@ -39,13 +52,60 @@ import gymnasium
 import numpy as np
 
 from twice_envs.errors import ReplayDivergence, TwiceError
-from twice_envs.keys import NoiseKey, NoiseSchedule, derive_episode_seed
+from twice_envs.keys import NoiseKey, NoiseSchedule, check_seed, derive_episode_seed, draw_seed
 from twice_envs.trajectory import Trajectory, canonical_json, reset_digest, step_digest
 
 #: Reset options the base class consumes itself (not passed to ``_reset``).
 BASE_OPTIONS = ("noise_seed",)
 
 EPISODE_OVER = "The episode is over. Call reset() to start a new one."
+
+
+def state_digest(state: Any) -> Optional[str]:
+    """What a restore of a :meth:`TextEnv._snapshot` value is verified against.
+
+    ``None`` for an immutable (hashable) state: nothing can change it after the
+    snapshot, so the restored state is compared with the snapshot value itself, which
+    costs next to nothing. A mutable state (lists, dicts) is digested now, from its
+    canonical JSON, or its pickle when it is not JSON data: a later change to it (a
+    restore that shares it with the env, which then mutates it) shows up as a
+    mismatch. Digests are compared only within one process.
+    """
+    try:
+        hash(state)
+        return None
+    except TypeError:
+        pass
+    try:
+        data = canonical_json(state).encode()
+    except (TypeError, ValueError):
+        data = _pickle_by_value(state)
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _pickle_by_value(state: Any) -> bytes:
+    # Without the memo, an object reached twice is written twice: equal states give
+    # equal bytes whether or not they share sub-objects (a restore may copy them).
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=4)
+    pickler.fast = True
+    try:
+        pickler.dump(state)
+    except (ValueError, RecursionError):  # a cyclic state: fall back to the memo
+        return pickle.dumps(state, protocol=4)
+    return buf.getvalue()
+
+
+def check_turn(turn: Any, num_turns: int, what: str = "fork") -> int:
+    """``turn`` as an int in ``0..num_turns`` (a turn of an episode with ``num_turns`` actions)."""
+    if isinstance(turn, bool) or not isinstance(turn, (int, np.integer)):
+        raise TypeError(f"{what}(turn) takes an int, got {type(turn).__name__} {turn!r}")
+    if not 0 <= turn <= num_turns:
+        raise ValueError(
+            f"{what}({turn}) is outside this episode: it has {num_turns} actions, "
+            f"so turn must be in 0..{num_turns}"
+        )
+    return int(turn)
 
 
 @dataclass(frozen=True)
@@ -77,6 +137,23 @@ class TextSpace(gymnasium.spaces.Text):
         return f"TextSpace(max_length={self.max_length})"
 
 
+def twin_step(
+    env: Any, action: str, noise_keys: NoiseSchedule | int | dict, *, branch: int = 1
+) -> tuple[NoiseKey, tuple]:
+    """Take a twin's alternative ``action`` on ``env`` (at turn ``t``) as ``branch`` of ``noise_keys``.
+
+    Binds ``noise_keys`` with turn ``t`` on ``branch``, so every later turn reports the
+    factual key, then steps. Returns the alternative turn's key base and the step's
+    5-tuple. :class:`twice_envs.wrappers.TwinEnv` wraps this; the checker uses it directly.
+    """
+    if isinstance(branch, bool) or not isinstance(branch, (int, np.integer)) or branch < 1:
+        raise ValueError(f"a twin's branch must be an int >= 1 (0 is the factual episode), got {branch!r}")
+    turn = env.turn
+    bound = NoiseSchedule.coerce(noise_keys).with_branch(turn, int(branch))
+    env.set_noise_schedule(bound)
+    return bound.key(turn), env.step(action)
+
+
 class TextEnv(gymnasium.Env[str, str]):
     """Base class of every twice_envs environment (see the module docstring)."""
 
@@ -85,6 +162,15 @@ class TextEnv(gymnasium.Env[str, str]):
     version: str = "1"
     #: Turns before truncation when ``max_turns`` is not given.
     default_max_turns: int = 50
+    #: The reset option keys ``_reset`` accepts (``noise_seed`` is always accepted);
+    #: ``None`` leaves the check to ``_reset``. Declared keys are checked before any
+    #: state changes, and views that must drop foreign keys (the PettingZoo group)
+    #: know which ones to keep.
+    reset_options: Optional[tuple[str, ...]] = None
+    #: Constructor kwargs that name files or folders (besides the names
+    #: :func:`twice_envs.replay.path_kwargs` recognises by themselves); ``replay`` of an
+    #: untrusted record refuses to pass them on.
+    path_kwargs: tuple[str, ...] = ()
 
     def __init__(self, *, max_turns: Optional[int] = None, render_mode: Optional[str] = None) -> None:
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
@@ -100,6 +186,8 @@ class TextEnv(gymnasium.Env[str, str]):
         self._snapshots: list[Any] = []
         self._done = False
         self._last_info: dict = {}
+        #: Why ``step`` is refused until the next successful ``reset`` (``None``: it is not).
+        self._needs_reset: Optional[str] = None
 
     # ----------------------------------------------------------------- subclass API
     def protocol(self) -> Protocol:
@@ -139,33 +227,66 @@ class TextEnv(gymnasium.Env[str, str]):
 
     # ----------------------------------------------------------------- gymnasium API
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[str, dict]:
-        """Start an episode; the same ``(seed, options)`` always gives the same episode."""
-        if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (1 << 63))
-        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        seed = int(seed)
-        options = dict(options or {})
-        try:
-            canonical_json(options)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"reset options must be JSON data (str, int, float, lists, dicts): {exc}") from None
-        super().reset(seed=seed)
+        """Start an episode; the same ``(seed, options)`` always gives the same episode.
+
+        ``seed=None`` continues ``self.np_random`` (entropy only if the env was never
+        seeded); the seed used is recorded in ``env.trajectory.seed``.
+        """
+        options = self._check_options(options)
         noise_seed = options.get("noise_seed")
+        if noise_seed is not None:
+            noise_seed = check_seed(noise_seed, "options['noise_seed']")
+        seed = draw_seed(self._np_random) if seed is None else check_seed(seed)
         env_options = {k: v for k, v in options.items() if k not in BASE_OPTIONS}
-        obs, info = self._reset(env_options)
-        self._schedule = NoiseSchedule(int(noise_seed) if noise_seed is not None else derive_episode_seed(seed))
+        # From here on the env's state changes: until _reset returns, the env is unusable.
+        self._needs_reset = f"reset(seed={seed}, options={options!r}) did not finish"
+        try:
+            super().reset(seed=seed)
+            obs, info = self._reset(env_options)
+        except BaseException as exc:
+            self._needs_reset = (
+                f"the last reset(seed={seed}, options={options!r}) raised {type(exc).__name__}: {exc}"
+            )
+            raise
+        self._schedule = NoiseSchedule(noise_seed if noise_seed is not None else derive_episode_seed(seed))
         d0 = reset_digest(self.env_id, self.version, self.make_kwargs, seed, options, obs)
         self._traj = Trajectory(
             self.env_id, str(self.version), self.make_kwargs, seed, options, self._schedule.to_json(), [], [obs], [], [d0]
         )
         self._done = False
         info = self._finish_info(info, invalid=bool(info.get("invalid", False)))
-        self._snapshots = [self._take_snapshot()] if self.supports_snapshot else []
+        self._snapshots = [self._take_snapshot(info)] if self.supports_snapshot else []
+        self._needs_reset = None
         return obs, info
+
+    def _check_options(self, options: Any) -> dict:
+        """Reset options as a plain dict of JSON data with known keys, or a clear ``ValueError``."""
+        if options is None:
+            return {}
+        if not isinstance(options, dict):
+            raise ValueError(
+                f"reset options must be a dict (or None), got {type(options).__name__} {options!r:.80}; "
+                'e.g. env.reset(seed=0, options={"noise_seed": 7})'
+            )
+        options = dict(options)
+        if not all(isinstance(k, str) for k in options):
+            raise ValueError(f"reset option names must be strings, got {sorted(map(repr, options))}")
+        try:
+            canonical_json(options)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"reset options must be JSON data (str, int, float, lists, dicts): {exc}") from None
+        if self.reset_options is not None:
+            unknown = sorted(set(options) - set(self.reset_options) - set(BASE_OPTIONS))
+            if unknown:
+                accepted = ", ".join([*self.reset_options, *BASE_OPTIONS])
+                name = self.spec.name if self.spec is not None else type(self).__name__
+                raise ValueError(f"unknown {name} reset options {unknown}; accepted: {accepted}")
+        return options
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict]:
         """Take the agent's raw turn text (or a plain action); bad actions never raise."""
+        if self._needs_reset is not None:
+            raise TwiceError(f"{self._needs_reset}; step() is refused until a reset() succeeds")
         if self._traj is None:
             raise TwiceError("step() called before reset(); call env.reset(seed=...) first")
         if self._done:
@@ -173,8 +294,13 @@ class TextEnv(gymnasium.Env[str, str]):
             return EPISODE_OVER, 0.0, self._traj.terminated, self._traj.truncated, info
         if not isinstance(action, str):
             action = "" if action is None else str(action)
-        obs, reward, terminated, info = self._step(action)
-        reward = float(reward)
+        try:
+            obs, reward, terminated, info = self._step(action)
+            reward = float(reward)
+            snapshot = self._take_snapshot(info) if self.supports_snapshot else None
+        except BaseException as exc:
+            self._undo_failed_step(exc)
+            raise
         traj = self._traj
         traj.actions.append(action)
         traj.observations.append(obs)
@@ -184,9 +310,20 @@ class TextEnv(gymnasium.Env[str, str]):
         traj.terminated, traj.truncated = bool(terminated), bool(truncated)
         self._done = bool(terminated or truncated)
         info = self._finish_info(info, invalid=bool(info.get("invalid", False)))
-        if self.supports_snapshot:
-            self._snapshots.append(self._take_snapshot())
+        if snapshot is not None:
+            self._snapshots.append(snapshot)
         return obs, reward, bool(terminated), bool(truncated), info
+
+    def _undo_failed_step(self, exc: BaseException) -> None:
+        """After ``_step`` raised: restore the state before the step, or refuse to step on."""
+        why = f"step() raised {type(exc).__name__}: {exc}"
+        if self.supports_snapshot and len(self._snapshots) == self.turn + 1:
+            try:
+                self._apply_snapshot(self._snapshots[-1], self.turn)
+                return
+            except Exception:  # noqa: BLE001 -- fall through to refusing further steps
+                pass
+        self._needs_reset = f"{why}, and the env cannot be rolled back to turn {self.turn}"
 
     def render(self) -> Optional[str]:
         if self.render_mode == "ansi" and self._traj is not None:
@@ -240,10 +377,31 @@ class TextEnv(gymnasium.Env[str, str]):
         return info
 
     # ----------------------------------------------------------------- forks
-    def _take_snapshot(self) -> Any:
-        # bit_generator.state returns a fresh dict, so the snapshot owns it.
-        info = {k: v for k, v in self._last_info.items() if k not in ("turn", "noise_key", "digest")}
-        return (self._snapshot(), self.np_random.bit_generator.state, info)
+    def _take_snapshot(self, info: dict) -> tuple:
+        # bit_generator.state returns a fresh dict, so the snapshot owns it. The state
+        # digest is taken now: a later restore is checked against the state as it was,
+        # not as the (possibly aliased and since mutated) snapshot value is.
+        info = {k: v for k, v in info.items() if k not in ("turn", "noise_key", "digest")}
+        info["invalid"] = bool(info.get("invalid", False))
+        state = self._snapshot()
+        return (state, self.np_random.bit_generator.state, info, state_digest(state))
+
+    def _apply_snapshot(self, snapshot: tuple, turn: int) -> None:
+        """Restore a snapshot's state and generator, and verify the restored state."""
+        state, rng_state, _, digest = snapshot
+        self._restore(state)
+        self.np_random.bit_generator.state = copy.deepcopy(rng_state)
+        restored = self._snapshot()
+        ok = restored == state if digest is None else state_digest(restored) == digest
+        if not ok:
+            raise ReplayDivergence(
+                turn,
+                digest or repr(state)[:40],
+                state_digest(restored) or repr(restored)[:40],
+                f"snapshot restore: after _restore, {type(self).__name__}._snapshot() differs from the state "
+                "recorded at that turn (a _restore that misses a field, or a snapshot mutated after it was "
+                "taken: copy what you mutate)",
+            )
 
     def _spawn(self) -> "TextEnv":
         """A fresh env of the same kind and kwargs (heavy resources come from caches)."""
@@ -259,44 +417,34 @@ class TextEnv(gymnasium.Env[str, str]):
     def fork(self, turn: Optional[int] = None) -> "TextEnv":
         """An independent env in exactly the state after ``turn`` actions (default: now).
 
-        Uses a snapshot where the env supports it, replay otherwise; both verified
-        against the digest chain (:class:`ReplayDivergence` on mismatch).
+        Uses a snapshot where the env supports it, replay otherwise; a replay is
+        verified against the digest chain, a restore against the state as it was when
+        the snapshot was taken (:class:`ReplayDivergence` on mismatch).
         """
         traj = self.trajectory
-        if turn is None:
-            turn = traj.num_turns
-        if not isinstance(turn, (int, np.integer)) or isinstance(turn, bool):
-            raise TypeError(f"fork(turn) takes an int, got {type(turn).__name__}")
-        if not 0 <= turn <= traj.num_turns:
-            raise ValueError(
-                f"fork({turn}) is outside this episode: it has {traj.num_turns} actions, "
-                f"so turn must be in 0..{traj.num_turns}"
-            )
+        turn = check_turn(traj.num_turns if turn is None else turn, traj.num_turns)
         child = self._spawn()
         if self.supports_snapshot and len(self._snapshots) == traj.num_turns + 1:
-            child._restore_from(self, int(turn))
+            child._restore_from(self, turn)
         else:
-            child._replay_into(traj, int(turn))
+            child._replay_into(traj, turn)
         child._schedule = self._schedule
         child._traj.noise = self._schedule.to_json()
         return child
 
     def _restore_from(self, parent: "TextEnv", turn: int) -> None:
-        state, rng_state, info = parent._snapshots[turn]
-        prefix = parent.trajectory.prefix(turn)
-        super().reset(seed=prefix.seed)
-        self._restore(state)
-        self.np_random.bit_generator.state = copy.deepcopy(rng_state)
-        self._traj = prefix
+        snapshot = parent._snapshots[turn]
+        super().reset(seed=parent.trajectory.seed)
+        self._apply_snapshot(snapshot, turn)
+        self._traj = parent.trajectory.prefix(turn)
         self._traj.terminated = turn == parent.trajectory.num_turns and parent.trajectory.terminated
         self._traj.truncated = turn == parent.trajectory.num_turns and parent.trajectory.truncated
         self._done = self._traj.terminated or self._traj.truncated
         self._snapshots = parent._snapshots[: turn + 1]
         self._schedule = parent._schedule
+        self._needs_reset = None
+        info = snapshot[2]
         self._finish_info(info, invalid=bool(info.get("invalid", False)))
-        # Verify: the state must render the recorded observation.
-        if self._traj.digests[-1] != parent.trajectory.digests[turn]:
-            raise ReplayDivergence(turn, parent.trajectory.digests[turn], self._traj.digests[-1], "snapshot")
 
     def _replay_into(self, record: Trajectory, turn: int) -> None:
         if record.env_version != str(self.version):

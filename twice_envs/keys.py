@@ -1,4 +1,4 @@
-"""Noise keys and noise schedules: the addresses of an episode's sampling noise.
+"""Seeds, noise keys and noise schedules: the addresses of an episode's sampling noise.
 
 A sampled token reads Gumbel noise addressed by a :class:`NoiseKey`
 ``(episode_seed, turn, branch, line, pos)`` (see :mod:`twice_envs.noise` for the
@@ -14,7 +14,7 @@ schedule of a twin is the factual schedule with one entry changed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -53,12 +53,45 @@ class NoiseKey(NamedTuple):
         return cls(*(int(v) for v in value))
 
 
-def derive_episode_seed(seed: int, salt: int = 0) -> int:
-    """A 64-bit noise seed derived from an env seed, stable on every platform."""
-    words = np.random.SeedSequence([int(seed) & UINT64_MAX, int(salt) & UINT64_MAX, 0x7457]).generate_state(
-        2, np.uint32
-    )
+def check_seed(seed: Any, what: str = "seed") -> int:
+    """``seed`` as a Python int in ``0 .. 2**64 - 1``, or a ``ValueError`` that names ``what``.
+
+    Seeds are uint64 everywhere (episode seeds, noise seeds): a larger int would have
+    to be folded into 64 bits, and two different seeds would then name one episode's
+    noise. Floats, bools and strings are refused rather than truncated.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"{what} must be an int in 0..2**64-1, got {type(seed).__name__} {seed!r}")
+    if not 0 <= int(seed) <= UINT64_MAX:
+        raise ValueError(f"{what} must be an int in 0..2**64-1, got {seed!r}")
+    return int(seed)
+
+
+def draw_seed(rng: Optional[np.random.Generator] = None) -> int:
+    """A new episode seed: the next draw of ``rng``, or OS entropy when ``rng`` is ``None``.
+
+    Every place that needs a seed nobody gave (an unseeded reset, a vector sub-env, a
+    group view) draws it here, so the rule is the same everywhere: an env that was
+    seeded once continues its own generator, only a never-seeded one reads entropy.
+    """
+    if rng is None:
+        return int(np.random.SeedSequence().entropy % (1 << 63))
+    return int(rng.integers(0, 1 << 63))
+
+
+def seed_sequence_uint64(entropy: Sequence[int]) -> int:
+    """A uint64 hashed from a list of non-negative ints with numpy's ``SeedSequence``.
+
+    Stable on every platform and numpy version (``SeedSequence`` is specified), so
+    seeds derived with it can be stored in records and recomputed anywhere.
+    """
+    words = np.random.SeedSequence([int(e) for e in entropy]).generate_state(2, np.uint32)
     return int(words[0]) | (int(words[1]) << 32)
+
+
+def derive_episode_seed(seed: int, salt: int = 0) -> int:
+    """A 64-bit noise seed derived from an env seed (both uint64), stable on every platform."""
+    return seed_sequence_uint64([check_seed(seed), check_seed(salt, "salt"), 0x7457])
 
 
 @dataclass(frozen=True)

@@ -144,6 +144,9 @@ def replay_main(argv: Sequence[str]) -> int:
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (one that registers the episodes' env ids)")
+    parser.add_argument("--trust-kwargs", action="store_true",
+                        help="pass file and folder kwargs the records name (journal, corpus, data folders) to the "
+                             "envs; without it such records are refused, since a replay would use those paths")
     args = parser.parse_args(argv)
 
     import importlib
@@ -165,7 +168,7 @@ def replay_main(argv: Sequence[str]) -> int:
             continue
         head = f"episode {i} ({record.env_id}, seed {record.seed})"
         try:
-            env = twice_envs.replay(record)
+            env = twice_envs.replay(record, trusted=args.trust_kwargs)
         except ReplayDivergence as exc:
             bad += 1
             print(f"{head}: DIVERGED at turn {exc.turn}: {exc}")

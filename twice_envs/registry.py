@@ -15,7 +15,7 @@ import inspect
 from typing import Any, Callable, Optional
 
 import gymnasium
-from gymnasium.envs.registration import EnvSpec
+from gymnasium.envs.registration import EnvSpec, load_env_creator
 
 from twice_envs.errors import MissingExtra, TwiceError
 from twice_envs.trajectory import canonical_json
@@ -81,18 +81,32 @@ def _gym_entry(env_id: str) -> Callable[..., Any]:
     return _make
 
 
-def _gym_vector_entry(env_id: str) -> Callable[..., Any]:
-    # gymnasium.make_vec("twice_envs/<id>", n) lands in twice_envs.make_vec (text spaces,
-    # seed streams, per-sub-env forks) instead of gymnasium's generic vector envs.
-    def _make_vec(num_envs: int = 1, **kwargs: Any) -> Any:
-        from twice_envs.wrappers.vector import make_vec
+#: Where the text vector envs live, named the way gymnasium names entry points: the
+#: vector envs belong to the wrappers layer, which core never imports; gymnasium's
+#: loader resolves the name on first use.
+VECTOR_ENTRY_POINT = "twice_envs.wrappers.vector:make_vec"
 
-        return make_vec(env_id, num_envs, **kwargs)
+
+def make_vec(id: str, num_envs: int, vectorization_mode: str = "sync", **kwargs: Any) -> Any:
+    """A gymnasium vector env of ``num_envs`` text envs: see :func:`twice_envs.wrappers.vector.make_vec`.
+
+    ``twice_envs.make_vec(id, n, ...)`` and ``gymnasium.make_vec("twice_envs/<id>", n)``
+    both land there (tuple-of-string batches, seed streams, per-sub-env forks).
+    """
+    return load_env_creator(VECTOR_ENTRY_POINT)(id, num_envs, vectorization_mode, **kwargs)
+
+
+def _gym_vector_entry(env_id: str) -> Callable[..., Any]:
+    # gymnasium.make_vec("twice_envs/<id>", n) lands in twice_envs.make_vec instead of
+    # gymnasium's generic vector envs (which cannot batch text spaces).
+    def _make_vec(num_envs: int = 1, **kwargs: Any) -> Any:
+        return load_env_creator(VECTOR_ENTRY_POINT)(env_id, num_envs, **kwargs)
 
     return _make_vec
 
 
-def _load_entry_point(spec: EnvSpec) -> Callable[..., Any]:
+def entry_point(spec: EnvSpec) -> Callable[..., Any]:
+    """The class or factory a spec names (its module imported on first use)."""
     ep = spec.entry_point
     if callable(ep):
         return ep
@@ -136,7 +150,7 @@ def make(id: str, **kwargs: Any) -> Any:
         canonical_json(merged)
     except (TypeError, ValueError) as exc:
         raise TwiceError(f"kwargs for {id!r} must be JSON data (so episodes can be replayed): {exc}") from None
-    factory = _load_entry_point(spec)
+    factory = entry_point(spec)
     ctor_kwargs = dict(merged)
     render_mode = ctor_kwargs.pop("render_mode", None) if not _accepts(factory, "render_mode") else None
     _check_kwargs(id, factory, ctor_kwargs)

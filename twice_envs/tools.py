@@ -33,6 +33,8 @@ is never modified.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
@@ -43,7 +45,7 @@ import time
 import urllib.parse
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from twice_envs.errors import JournalError, TwiceError
 from twice_envs.trajectory import canonical_json
@@ -326,15 +328,30 @@ class JournaledTool(Tool):
         return self.journal.call(self.tool, args)
 
 
-_SHARED: dict[str, Journal] = {}
+_SHARED: dict[tuple[str, bool], Journal] = {}
 _SHARED_LOCK = threading.Lock()
+_READ_ONLY = contextvars.ContextVar("twice_envs_read_only_journals", default=False)
 
 
-def shared_journal(path: Optional[str | os.PathLike] = None, *, readonly: bool = False) -> Journal:
-    """The process-wide journal for ``path`` (``None``: the memory-only one)."""
-    key = "" if path is None else ("ro:" if readonly else "") + str(Path(path).resolve())
+@contextlib.contextmanager
+def read_only_journals() -> Iterator[None]:
+    """Within this block, :func:`shared_journal` hands out read-only journals (replays use it)."""
+    token = _READ_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _READ_ONLY.reset(token)
+
+
+def shared_journal(path: Optional[str | os.PathLike] = None, *, readonly: Optional[bool] = None) -> Journal:
+    """The process-wide journal for ``path`` (``None``: the memory-only one).
+
+    ``readonly`` defaults to whether the caller runs inside :func:`read_only_journals`.
+    """
+    readonly = _READ_ONLY.get() if readonly is None else bool(readonly)
+    key = ("" if path is None else str(Path(path).resolve()), readonly and path is not None)
     with _SHARED_LOCK:
         j = _SHARED.get(key)
         if j is None:
-            j = _SHARED[key] = Journal(None if path is None else path, readonly=readonly)
+            j = _SHARED[key] = Journal(None if path is None else path, readonly=key[1])
         return j

@@ -12,10 +12,8 @@ from twice_envs.trajectory import Trajectory
 
 
 def unwrap(env: Any) -> TextEnv:
-    """The innermost :class:`TextEnv` under any gymnasium wrappers."""
-    inner = env
-    while isinstance(inner, gymnasium.Wrapper):
-        inner = inner.env
+    """The innermost :class:`TextEnv` under any gymnasium wrappers (``env.unwrapped``, type-checked)."""
+    inner = getattr(env, "unwrapped", env)
     if not isinstance(inner, TextEnv):
         raise TypeError(f"expected a twice_envs TextEnv (or a wrapper of one), got {type(inner).__name__}")
     return inner

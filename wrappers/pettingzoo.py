@@ -38,14 +38,14 @@ agent, created once.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Optional
 
-import numpy as np
 
 from twice_envs._deps import require
-from twice_envs.core import TextSpace
+from twice_envs.core import BASE_OPTIONS, TextSpace, check_turn
 from twice_envs.errors import TwiceError
-from twice_envs.keys import derive_episode_seed
+from twice_envs.keys import check_seed, derive_episode_seed, draw_seed
 from twice_envs.trajectory import Trajectory
 from twice_envs.wrappers.twin import TwinEnv, twin
 
@@ -121,11 +121,9 @@ class GroupParallelEnv(ParallelEnv):
     # ------------------------------------------------------------ episode
     def reset(self, seed: Optional[int] = None, options: Optional[dict] = None) -> tuple[dict, dict]:
         """Reset every world with one seed and options; drop the twins."""
-        if seed is None:
-            seed = int(np.random.SeedSequence().entropy % (1 << 63))
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        self.group_seed = int(seed)
+        options = self._forwarded_options(options)
+        # One seed for the whole group: world_0's own rule (continue its generator once seeded).
+        self.group_seed = draw_seed(self._group[0]._np_random) if seed is None else check_seed(seed)
         for w in self._worlds.values():
             if isinstance(w, TwinEnv):
                 w.close()
@@ -139,6 +137,29 @@ class GroupParallelEnv(ParallelEnv):
             self._worlds[agent] = env
         self.agents = list(self.world_agents)
         return observations, infos
+
+    def _forwarded_options(self, options: Optional[dict]) -> Optional[dict]:
+        """The options the worlds accept; other keys are dropped with a warning.
+
+        PettingZoo's own API test resets with ``{"options": 1}`` to see that reset takes
+        options. The envs themselves refuse unknown keys (a typo must not silently
+        sample a random task), so this view keeps the keys the env declares in
+        ``reset_options`` (and ``noise_seed``) and warns about the rest; an env that
+        declares none gets every key.
+        """
+        accepted = self._group[0].reset_options
+        if options is not None and not isinstance(options, dict):
+            raise ValueError(f"reset options must be a dict (or None), got {type(options).__name__} {options!r:.80}")
+        if not options or accepted is None:
+            return options
+        dropped = sorted(k for k in options if k not in accepted and k not in BASE_OPTIONS)
+        if dropped:
+            warnings.warn(
+                f"GroupParallelEnv({self.env_id}) ignores reset options {dropped}: the env accepts "
+                f"{', '.join([*accepted, *BASE_OPTIONS])}",
+                stacklevel=3,
+            )
+        return {k: v for k, v in options.items() if k not in dropped}
 
     def step(self, actions: dict[str, str]) -> tuple[dict, dict, dict, dict, dict]:
         """Step every live agent's world with its action; finished agents leave ``agents``."""
@@ -178,9 +199,7 @@ class GroupParallelEnv(ParallelEnv):
         if of not in self._worlds:
             raise ValueError(f"unknown agent {of!r}: agents of this episode are {list(self._worlds)}")
         parent = self._worlds[of]
-        n = parent.trajectory.num_turns
-        if isinstance(turn, bool) or not isinstance(turn, (int, np.integer)) or not 0 <= turn <= n:
-            raise ValueError(f"turn {turn!r} is outside {of}'s episode: it has {n} actions, so turn must be in 0..{n}")
+        turn = check_turn(turn, parent.trajectory.num_turns, f"{of}'s fork")
         free = [a for a in self.twin_agents if a not in self._worlds]
         if not free:
             raise TwiceError(

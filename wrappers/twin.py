@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from twice_envs.core import twin_step
 from twice_envs.keys import NoiseKey, NoiseSchedule
 from twice_envs.wrappers.base import ForkableWrapper
 
@@ -29,17 +30,12 @@ class TwinEnv(ForkableWrapper):
     """
 
     def __init__(self, env: Any, action: str, noise_keys: NoiseSchedule | int | dict, *, branch: int = 1) -> None:
-        if not isinstance(branch, int) or branch < 1:
-            raise ValueError(f"a twin's branch must be an int >= 1 (0 is the factual episode), got {branch!r}")
         super().__init__(env)
-        schedule = NoiseSchedule.coerce(noise_keys)
+        self.factual_schedule = NoiseSchedule.coerce(noise_keys)
         self.branch_turn = env.turn
         self.branch = branch
-        self.factual_schedule = schedule
-        bound = schedule.with_branch(self.branch_turn, branch)
-        env.set_noise_schedule(bound)
-        self.alternative_key: NoiseKey = bound.key(self.branch_turn)
-        self.first_step = env.step(action)
+        self.alternative_key: NoiseKey
+        self.alternative_key, self.first_step = twin_step(env, action, self.factual_schedule, branch=branch)
 
     def _rewrap(self, env: Any) -> Any:
         return env

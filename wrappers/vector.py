@@ -62,9 +62,9 @@ from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
-from twice_envs.core import Protocol, TextEnv
+from twice_envs.core import Protocol, TextEnv, check_turn
 from twice_envs.errors import TwiceError
-from twice_envs.keys import derive_episode_seed
+from twice_envs.keys import check_seed, derive_episode_seed, draw_seed
 from twice_envs.trajectory import Trajectory
 from twice_envs.wrappers.base import ForkableWrapper
 
@@ -84,11 +84,7 @@ def _copy_record(record: Trajectory) -> Trajectory:
 
 
 def _check_seed(seed: Any, what: str) -> Optional[int]:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"{what} must be a non-negative int or None, got {seed!r}")
-    return int(seed)
+    return None if seed is None else check_seed(seed, what)
 
 
 def _seed_list(seeds: Any, num_envs: int, what: str) -> list[Optional[int]]:
@@ -144,8 +140,8 @@ class SeededSubEnv(ForkableWrapper, gymnasium.utils.RecordConstructorArgs):
         if options is None:
             options = self.default_options
         if self.noise_salt and "noise_seed" not in (options or {}):
-            if seed is None:
-                seed = int(np.random.SeedSequence().entropy % (1 << 63))
+            if seed is None:  # as the env itself would: continue its generator, entropy if never seeded
+                seed = draw_seed(self.env.unwrapped._np_random)
             options = {**(options or {}), "noise_seed": derive_episode_seed(seed, self.noise_salt)}
         obs, info = self.env.reset(seed=seed, options=options)
         self.next_seed = self.env.trajectory.seed + self.stride if streamed else None
@@ -170,17 +166,10 @@ class SeededSubEnv(ForkableWrapper, gymnasium.utils.RecordConstructorArgs):
     def fork_record(self, turn: Optional[int] = None) -> Trajectory:
         """The record of the first ``turn`` actions (default: all), noise schedule included."""
         record = self.env.trajectory
-        n = record.num_turns if turn is None else turn
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-            raise TypeError(f"turn must be an int, got {type(turn).__name__}")
-        if not 0 <= n <= record.num_turns:
-            raise ValueError(
-                f"fork({n}) is outside this episode: it has {record.num_turns} actions, "
-                f"so turn must be in 0..{record.num_turns}"
-            )
+        n = check_turn(record.num_turns if turn is None else turn, record.num_turns)
         if n == record.num_turns:
             return _copy_record(record)
-        return record.prefix(int(n))
+        return record.prefix(n)
 
     def safe_call(self, name: str, *args: Any) -> tuple[bool, Any]:
         """``(True, value)`` or ``(False, (error type name, message))``; never raises.
@@ -263,7 +252,7 @@ class _TextVectorMixin:
         """A live, independent env (in this process) at ``turn`` of sub-env ``index``'s episode."""
         from twice_envs.replay import replay
 
-        return replay(self.fork_record(index, turn))
+        return replay(self.fork_record(index, turn), trusted=True)  # a record of our own sub-env
 
     def _check_reset_seed(self, seed: Any) -> Any:
         if seed is None or isinstance(seed, (int, np.integer)):

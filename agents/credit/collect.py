@@ -22,15 +22,14 @@ import numpy as np
 import twice_envs
 from twice_envs.agents.credit import crr, grpo, predictor, twice, vineppo
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
-from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule
+from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule, seed_sequence_uint64
 
 METHODS = ("grpo", "twice", "crr", "vineppo")
 
 
 def fresh_seed(noise_seed: int, episode: int, turn: int, branch: int) -> int:
     """A fresh 64-bit episode seed for an independent continuation (stable everywhere)."""
-    w = np.random.SeedSequence([int(noise_seed) & UINT64_MAX, episode, turn, branch, 0x435252]).generate_state(2, np.uint32)
-    return int(w[0]) | (int(w[1]) << 32)
+    return seed_sequence_uint64([int(noise_seed) & UINT64_MAX, episode, turn, branch, 0x435252])
 
 
 def _context(ep: EpisodeRecord, turn: int) -> tuple[list[int], int]:
@@ -91,7 +90,7 @@ def run_twins(
         ep = factual[r.episode]
         schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
         seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
-        env = twice_envs.replay(ep.trajectory, turn=r.turn)
+        env = twice_envs.replay(ep.trajectory, turn=r.turn, trusted=True)
         ctx, counter = _context(ep, r.turn)
         key = NoiseKey(seed, r.turn, r.branch)
         rows.append((r, ep, env, key))

@@ -31,6 +31,7 @@ class _TwinsAtReset(GroupParallelEnv):
         return obs, infos
 
 
+@pytest.mark.filterwarnings("ignore:GroupParallelEnv.*ignores reset options")
 @pytest.mark.parametrize("env_id", TOY)
 def test_parallel_api_test_group(env_id):
     parallel_api_test(parallel_env(env_id, 3), num_cycles=50)
@@ -41,6 +42,7 @@ def test_parallel_api_test_with_twins(env_id):
     env = _TwinsAtReset(env_id, 2, max_twins=2)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # every slot is used, so no PettingZoo warning is expected
+        warnings.filterwarnings("ignore", message=r"GroupParallelEnv\(.*\) ignores reset options \['options'\]")
         parallel_api_test(env, num_cycles=50)
 
 
@@ -124,7 +126,7 @@ def test_twin_of_a_finished_agent_and_bad_input():
         group.add_twin("world_0", 0, "left")
     with pytest.raises(ValueError, match="unknown agent"):
         group.add_twin("world_9", 0, "left")
-    with pytest.raises(ValueError, match="outside world_0's episode"):
+    with pytest.raises(ValueError, match=r"world_0's fork\(99\) is outside this episode"):
         group.add_twin("world_0", 99, "left")
     with pytest.raises(ValueError, match="group_size"):
         GroupParallelEnv("CoinChain-v0", 0)
@@ -142,19 +144,13 @@ def test_render_ansi():
     assert "[world_0]" in text and "[world_1]" in text
 
 
-class _WithoutProbeOptions(GroupParallelEnv):
-    """PettingZoo's API test resets once with the dummy options ``{"options": 1}`` to check that
-    reset takes options; the real envs rightly reject unknown options, so that one probe is dropped."""
-
-    def reset(self, seed=None, options=None):
-        return super().reset(seed=seed, options=None if options == {"options": 1} else options)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("env_id", list(REAL_ENVS))
 def test_real_envs_pass_pettingzoo_tests(env_id):
     require_env(env_id)
-    parallel_api_test(_WithoutProbeOptions(env_id, 2, max_action_length=64), num_cycles=3)
+    # PettingZoo's API test resets with {"options": 1}: the view drops that key, with a warning
+    with pytest.warns(UserWarning, match=r"ignores reset options \['options'\]"):
+        parallel_api_test(GroupParallelEnv(env_id, 2, max_action_length=64), num_cycles=3)
     parallel_seed_test(lambda: GroupParallelEnv(env_id, 2, max_action_length=64), num_cycles=2)
     group = GroupParallelEnv(env_id, 2, max_twins=1)
     obs, infos = group.reset(seed=5)
@@ -165,3 +161,25 @@ def test_real_envs_pass_pettingzoo_tests(env_id):
     agent, *_ = group.add_twin("world_0", 0, factual.actions[0])  # self-twin: exactly the factual turn
     assert group.trajectory(agent).digests == factual.digests[:2]
     group.close()
+
+
+def test_group_forwards_known_reset_options_and_drops_others_with_a_warning():
+    group = GroupParallelEnv("CoinChain-v0", 2)
+    with pytest.warns(UserWarning, match=r"ignores reset options \['bogus', 'options'\]: the env accepts goal, noise_seed"):
+        obs, _ = group.reset(seed=1, options={"goal": 4, "options": 1, "bogus": 2})
+    assert all(group.world(a).trajectory.options.get("goal") == 4 for a in group.agents)
+    assert all("options" not in group.world(a).trajectory.options for a in group.agents)
+    with pytest.raises(ValueError, match="reset options must be a dict"):
+        group.reset(seed=1, options="notadict")
+    # the env alone still refuses a key it does not know
+    with pytest.raises(ValueError, match="unknown CoinChain reset options"):
+        twice_envs.make("CoinChain-v0").reset(seed=1, options={"options": 1})
+
+
+def test_unseeded_group_reset_continues_world_0s_generator():
+    seeds = []
+    for _ in range(2):
+        group = GroupParallelEnv("CoinChain-v0", 2)
+        group.reset(seed=42)
+        seeds.append([group.reset()[1]["world_0"]["noise_key"].episode_seed for _ in range(3)])
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == 3

@@ -106,7 +106,7 @@ def test_seed_streams_and_reset_seed(mode):
         assert [t.seed for t in vec.trajectories()] == [5, 42]
         with pytest.raises(ValueError, match="3 entries but there are 2 sub-envs"):
             vec.reset(seed=[1, 2, 3])
-        with pytest.raises(ValueError, match="non-negative"):
+        with pytest.raises(ValueError, match=r"must be an int in 0\.\.2\*\*64-1, got -1"):
             vec.reset(seed=-1)
     finally:
         vec.close()
@@ -223,7 +223,7 @@ def test_bad_arguments_are_clear_errors():
         twice_envs.make_vec("CoinChain-v0", 3, seeds=[1, 2])
     with pytest.raises(ValueError, match="2 entries but there are 3 sub-envs"):
         twice_envs.make_vec("CoinChain-v0", 3, "async", seeds=[1, 2])
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match=r"seeds\[1\] must be an int in 0\.\.2\*\*64-1, got -2"):
         twice_envs.make_vec("CoinChain-v0", 2, seeds=[1, -2])
     with pytest.raises(ValueError, match="vectorization_mode"):
         twice_envs.make_vec("CoinChain-v0", 2, "threads")

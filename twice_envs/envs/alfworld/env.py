@@ -76,6 +76,7 @@ class ALFWorldEnv(TextEnv):
 
     version = "1"
     default_max_turns = 50
+    reset_options = _OPTIONS
 
     def __init__(
         self,
@@ -119,9 +120,6 @@ class ALFWorldEnv(TextEnv):
 
     # ------------------------------------------------------------------ episode
     def _choose(self, options: dict) -> int:
-        unknown = sorted(set(options) - set(_OPTIONS))
-        if unknown:
-            raise ValueError(f"unknown ALFWorld reset options {unknown}; accepted: {', '.join(_OPTIONS)} (and noise_seed)")
         if "index" in options and "game" in options:
             raise ValueError("give either options['index'] or options['game'], not both")
         if "game" in options:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-import numpy as np
-
 from twice_envs.errors import TwiceError
 from twice_envs.envs.alfworld import engine as _engine
 from twice_envs.envs.alfworld.env import ALFWorldEnv, parse_action
@@ -54,9 +52,7 @@ class ALFWorldExpert:
         self.plans_made = 0
 
     def _base(self, env: Any) -> ALFWorldEnv:
-        from twice_envs.wrappers.base import unwrap
-
-        base = unwrap(env)
+        base = getattr(env, "unwrapped", env)
         if not isinstance(base, ALFWorldEnv) or base.game is None:
             raise ExpertError("the ALFWorld expert needs an ALFWorld env after reset()")
         return base
@@ -99,10 +95,6 @@ class ALFWorldExpert:
         if not self._plan:
             raise ExpertError(f"the planner found no plan from this state of {base.game.name}")
         return self._plan[0]
-
-    def as_policy(self) -> Callable[[Any, dict, np.random.Generator], str]:
-        """``policy(env, info, rng) -> action`` (the form ``check_env`` and rollouts take)."""
-        return lambda env, info, rng: self.act(env)
 
     def close(self) -> None:
         """Give the expert's engine back to the pool."""

@@ -24,6 +24,7 @@ the tool's luck.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import hashlib
 from typing import Any, Optional
 
@@ -32,6 +33,7 @@ from twice_envs.envs.searchqa import protocol as P
 from twice_envs.envs.searchqa.corpus_gen import Rng
 from twice_envs.envs.searchqa.loaders import Question
 from twice_envs.envs.searchqa.resources import Resources, get_resources
+from twice_envs.tools import shared_journal
 
 REWARDS = ("em", "subem", "f1", "cost_f1")
 COUPLINGS = ("branch", "episode")
@@ -68,6 +70,8 @@ class SearchQAEnv(TextEnv):
     """
 
     version = "1"
+    reset_options = ("task", "index", "split")
+    path_kwargs = ("corpus", "questions", "journal")
 
     def __init__(
         self,
@@ -106,6 +110,9 @@ class SearchQAEnv(TextEnv):
             corpus=corpus, questions=questions, generator=generator, retriever=retriever,
             retriever_options=retriever_options, journal=journal, search_tool=search_tool,
         )
+        journal_now = shared_journal(journal)  # read-only inside a replay
+        if self.resources.journal is not journal_now:  # the cached resources came from the other mode
+            self.resources = dataclasses.replace(self.resources, journal=journal_now)
         self._custom_tool = search_tool is not None
         if split not in self.resources.questions:
             raise ValueError(f"split {split!r} not found; available: {sorted(self.resources.questions)}")
@@ -136,9 +143,6 @@ class SearchQAEnv(TextEnv):
 
     # ------------------------------------------------------------------ episode
     def _reset(self, options: dict) -> tuple[str, dict]:
-        unknown = sorted(set(options) - {"task", "index", "split"})
-        if unknown:
-            raise ValueError(f"unknown reset options {unknown}; use 'task', or 'index' with optional 'split'")
         qsets = self.resources.questions
         if "task" in options:
             loc = self.resources.task_index.get(str(options["task"]))
@@ -190,17 +194,19 @@ class SearchQAEnv(TextEnv):
                     "Give the final answer between <answer> and </answer>.")
             return P.information_block(body), 0.0, False, self._info(search_refused=True)
         query = P.clean_query(act.content, self.max_query_chars)
-        self._searches += 1
         cost = -self.search_cost if self.reward_mode == "cost_f1" else 0.0
         if not query:
+            self._searches += 1
             return self._results("No results: the query is empty."), cost, False, self._info(query="", retrieved=[])
         try:
             items = self._retrieve(query, action)
         except Exception as exc:  # noqa: BLE001 -- a user tool (e.g. a web API) may fail; the episode goes on
             if not self._custom_tool:
-                raise
+                raise  # the state is untouched: a search is counted only once it ran
+            self._searches += 1
             body = f"Search failed: {type(exc).__name__}: {str(exc)[:200]}"
             return self._results(body), cost, False, self._info(query=query, retrieved=[], tool_error=True)
+        self._searches += 1
         corpus = self.resources.corpus
         if items and isinstance(items[0], str):  # a tool that returns passages itself
             contents, retrieved = items, []

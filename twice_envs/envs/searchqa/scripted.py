@@ -39,9 +39,7 @@ _RANDOM_WORDS = ("river", "tower", "ancient", "history", "music", "company", "bo
 
 
 def _base(env: Any) -> Any:
-    from twice_envs.wrappers.base import unwrap
-
-    return unwrap(env)
+    return getattr(env, "unwrapped", env)
 
 
 def seen_passages(env: Any) -> dict[str, str]:

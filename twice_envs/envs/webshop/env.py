@@ -97,10 +97,13 @@ class WebShopEnv(TextEnv):
         max_query_chars: longer queries are invalid actions.
         max_turns: actions before truncation (default 15).
         cache_root: where built caches go (default: the twice_envs cache directory).
+        render_mode: ``None`` or ``"ansi"`` (``render()`` gives the current page).
     """
 
     version = "1"
     default_max_turns = 15
+    reset_options = _RESET_OPTIONS
+    path_kwargs = ("cache_root",)
 
     def __init__(
         self,
@@ -119,8 +122,9 @@ class WebShopEnv(TextEnv):
         max_query_chars: int = 500,
         max_turns: Optional[int] = None,
         cache_root: Optional[str] = None,
+        render_mode: Optional[str] = None,
     ) -> None:
-        super().__init__(max_turns=max_turns)
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
         if split not in SPLITS:
             raise ValueError(f"split must be one of {', '.join(SPLITS)}, got {split!r}")
         if max_query_chars < 1:
@@ -205,9 +209,6 @@ class WebShopEnv(TextEnv):
         return info
 
     def _reset(self, options: dict) -> tuple[str, dict]:
-        unknown = [k for k in options if k not in _RESET_OPTIONS]
-        if unknown:
-            raise ValueError(f"unknown WebShop reset options {unknown}; accepted: goal (int), or split + index")
         goals = self.res.goals
         if "goal" in options:
             g = options["goal"]
