@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit.collect import fresh_seed
+from twice_envs.agents.twins import fresh_seed
 from twice_envs.trajectory import atomic_write_text
 
 METHODS = ("grpo", "twice", "crr", "vineppo")

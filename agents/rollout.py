@@ -215,8 +215,7 @@ def score_tokens(policy, context: Sequence[int], tokens: Sequence[int], sampling
 
 
 def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
-                    sampling: SamplingConfig, env_kwargs: Optional[dict] = None,
-                    batch_size: int = 64, detect_self_twins: bool = True) -> list[EpisodeRecord]:
+                    sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True) -> list[EpisodeRecord]:
     """Twins of factual episodes (one record per request, in request order).
 
     For each request: rebuild the factual env at turn ``t`` (replay, verified against the
@@ -234,13 +233,11 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
     Records have ``twin_of=(episode, t)``, ``branch``, ``coupled``, ``prompt_ids`` = the
     context before turn ``t`` and ``turns`` from ``t`` on; ``utility`` is the twin
     trajectory's total reward (comparable to the factual ``utility``).
-    ``env_kwargs`` is accepted for symmetry with :func:`rollout`; the env is rebuilt
-    from the factual record's own kwargs. ``detect_self_twins=False`` continues
+    The env is rebuilt from the factual record's own kwargs. ``detect_self_twins=False`` continues
     self-twins too (to verify that they reproduce the factual episode).
     """
     from twice_envs.wrappers.twin import twin
 
-    del env_kwargs  # the trajectory record carries the env kwargs
     prepared = []
     alt_reqs: list[tuple[int, GenerationRequest]] = []
     for i, r in enumerate(requests):

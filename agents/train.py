@@ -32,7 +32,7 @@ import numpy as np
 
 from twice_envs.agents.credit import predictor as pred
 from twice_envs.agents.credit.ablations import ABLATIONS, apply_ablations
-from twice_envs.agents.credit.collect import METHODS, credit_step
+from twice_envs.agents.twins import METHODS, credit_step
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.trajectory import atomic_write_text
 

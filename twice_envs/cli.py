@@ -35,7 +35,7 @@ BENCHES: dict[str, str] = {
     "sampler": "twice_envs.agents.bench:sampler_main",
     "rollout": "twice_envs.agents.bench:rollout_main",
     "vec": "twice_envs.wrappers.vector_bench:main",
-    "credit": "twice_envs.agents.credit.bench:main",
+    "credit": "twice_envs.agents.bench_credit:main",
 }
 
 

@@ -1,8 +1,9 @@
 """Running the auxiliary rollouts each estimator needs, and turning them into advantages.
 
-This is the one module of :mod:`twice_envs.agents.credit` that runs a policy: it asks
-:mod:`twice_envs.agents.rollout` for twins, counterfactuals or value rollouts, counts
-the auxiliary tokens they cost, and hands the records to the pure estimators.
+The estimators in :mod:`twice_envs.agents.credit` are pure functions; this module runs
+the policy for them: it asks :mod:`twice_envs.agents.rollout` for twins,
+counterfactuals or value rollouts, counts the auxiliary tokens they cost, and hands
+the records to the estimators.
 
 Twice's evidence coin needs the alternative turn's observation *before* deciding
 whether to continue the twin, so coupled twins are run in two phases: the
