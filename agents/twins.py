@@ -42,11 +42,14 @@ class Twins:
         kept: the evidence coin of each twin (always True where there is no coin).
         aux_tokens: tokens generated for them (alternative turns, continuations and the
             replicas of independent pairs).
+        replicas: the factual side of every independent pair ``j >= 1`` that was run
+            (``twin_of`` and ``pair`` name it; its utility is the pair's ``U_j``).
     """
 
     records: list[EpisodeRecord] = field(default_factory=list)
     kept: list[bool] = field(default_factory=list)
     aux_tokens: int = 0
+    replicas: list[EpisodeRecord] = field(default_factory=list)
 
 
 def _factual_turn(ep: EpisodeRecord, turn: int):
@@ -124,7 +127,11 @@ def run_twins(
     finish_twins(policy, continued, sampling=sampling)
     out.aux_tokens += sum(st.record.num_generated_tokens - before[id(st)] for st in continued)
     out.aux_tokens += sum(st.record.turns[0].num_tokens for st in rep_starts)
-    pair_u = {key: st.record.utility for (key, _), st in zip(rep, rep_starts)}
+    pair_u = {}
+    for (key, _), st in zip(rep, rep_starts):
+        st.record.pair = key[2]
+        pair_u[key] = st.record.utility
+        out.replicas.append(st.record)
     for st, k in zip(starts, kept):
         rec = st.record
         if rec.pair > 0 and config.coupled:
