@@ -193,25 +193,34 @@ def credit_step(
         vals = run_value_rollouts(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
         return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
     state = predictor_state or predictor.PredictorState()
+    util = [ep.utility for ep in factual]
     if method == "crr":
         cfg = crr.crr_config(config)
         plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
         tw = run_twins(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
         credit = twice.twin_credit(factual, tw.records, plan, tw.kept, cfg)
-        stats = twice.twin_stats(credit, plan, tw.records)
-        state = predictor.calibrate_cost(state, tw.aux_tokens, float(np.dot(plan.q, plan.costs)))
+        scale = twice.twin_scale(util, cfg, state.twin_rms)
+        stats = twice.twin_stats(credit, plan, tw.records, omega=cfg.omega, scale=scale)
+        state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                         float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(cfg))
+        state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
         stats["cost_scale"] = state.cost_scale
-        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg), tw.aux_tokens, stats, state)
+        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)
     if method != "twice":
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     X = predictor.decision_features(factual)
     eta = predictor.predict(state, X)
-    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale)
+    mixed = config.branching == "mixed"
+    success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
+    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale, success=success)
     tw = run_twins(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
     credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
-    stats = twice.twin_stats(credit, plan, tw.records)
+    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
+    scale = twice.twin_scale(util, config, state.twin_rms)
+    stats = twice.twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
     state = predictor.calibrate_cost(state, tw.aux_tokens,
                                      float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
+    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
     stats["cost_scale"] = state.cost_scale
     # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
     rows, labels, weights = [], [], []
@@ -223,4 +232,6 @@ def credit_step(
     stats["predictor_auc"] = predictor.auc(eta[rows], labels) if rows else float("nan")
     stats["discordance"] = float(np.mean(labels)) if labels else float("nan")
     new_state = predictor.sgd_update(state, X[rows], np.array(labels), np.array(weights), rng) if rows else state
-    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, config), tw.aux_tokens, stats, new_state)
+    if mixed:
+        new_state = predictor.fit_success(new_state, factual, rng)
+    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, config, scale), tw.aux_tokens, stats, new_state)
