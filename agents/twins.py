@@ -6,11 +6,11 @@ counterfactuals or value rollouts, counts the auxiliary tokens they cost, and ha
 the records to the estimators.
 
 Twice's evidence coin needs the alternative turn's observation *before* deciding
-whether to continue the twin, so coupled twins are run in two phases: the
-alternative turns of all branched decisions in one batched call (stepping a replayed
-fork to see their observation), then the continuations of the twins the coins keep,
-through :func:`~twice_envs.agents.rollout.branch_rollouts` with the alternative text
-forced. A twin dropped by the evidence coin costs only its alternative turn.
+whether to continue the twin, so twins are run in two phases
+(:func:`~twice_envs.agents.rollout.start_twins`, then
+:func:`~twice_envs.agents.rollout.finish_twins` for the twins the coins keep), and the
+sampled alternative turn is carried as its token ids throughout. A twin dropped by the
+evidence coin costs only its alternative turn.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-import twice_envs
 from twice_envs.agents.credit import crr, grpo, predictor, twice, vineppo
-from twice_envs.agents.types import EpisodeRecord, TurnRecord
-from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule
+from twice_envs.agents.types import EpisodeRecord
+from twice_envs.keys import UINT64_MAX
 
 METHODS = ("grpo", "twice", "crr", "vineppo")
 
@@ -34,14 +33,6 @@ def fresh_seed(noise_seed: int, episode: int, turn: int, branch: int) -> int:
     return int(w[0]) | (int(w[1]) << 32)
 
 
-def _context(ep: EpisodeRecord, turn: int) -> tuple[list[int], int]:
-    ctx, n = list(ep.prompt_ids), 0
-    for t in ep.turns[:turn]:
-        ctx += list(t.token_ids) + list(t.obs_token_ids)
-        n += len(t.token_ids)
-    return ctx, n
-
-
 @dataclass
 class Twins:
     """The twins of a batch.
@@ -49,12 +40,20 @@ class Twins:
     Attributes:
         records: one record per twin, in request order (``twin_of`` names the decision).
         kept: the evidence coin of each twin (always True where there is no coin).
-        aux_tokens: tokens generated for them (alternative turns and continuations).
+        aux_tokens: tokens generated for them (alternative turns, continuations and the
+            replicas of independent pairs).
     """
 
     records: list[EpisodeRecord] = field(default_factory=list)
     kept: list[bool] = field(default_factory=list)
     aux_tokens: int = 0
+
+
+def _factual_turn(ep: EpisodeRecord, turn: int):
+    from twice_envs.agents.policy import Generation
+
+    t = ep.turns[turn]
+    return Generation(t.text, list(t.token_ids), list(t.logprobs), t.entropy, "factual")
 
 
 def run_twins(
@@ -67,92 +66,76 @@ def run_twins(
     *,
     noise_seed: int = 0,
 ) -> Twins:
-    """``config.n_alternatives`` twins per decision, with evidence coins when ``q_same < 1``."""
-    from twice_envs.agents.rollout import BranchRequest, branch_rollouts
+    """``J`` pairs of ``K`` twins per decision (``config.pairs``, ``config.star``), with evidence coins.
 
-    requests = []
+    Phase 1 samples every alternative turn and steps it; a twin whose alternative ended
+    the episode has its outcome then (exponent 0, kept), a self-twin (the factual token
+    ids, with the shortcut) is the factual episode. The evidence coin
+    ``S ~ Bern(q_same^e)`` then decides which of the others are continued in phase 2,
+    with the sampled token ids carried as they are. Without the self-twin shortcut an
+    identical alternative goes through the coin and is continued like any other twin.
+
+    Pair ``j >= 1`` replays the factual turn (its token ids) on a fresh seed ``s_j`` and
+    samples its alternatives with keys ``(s_j, t, k)``, continuing both on ``s_j``; the
+    replica is run only when one of its twins is continued.
+    """
+    from twice_envs.agents.rollout import BranchRequest, finish_twins, start_twins
+
+    if config.pairs < 1 or config.star < 1:
+        raise ValueError(f"pairs (J) and star (K) must be >= 1, got {config.pairs} and {config.star}")
+    requests, replicas = [], []
     for i, t in decisions:
-        for k in range(1, config.n_alternatives + 1):
-            seed = None if config.coupled else fresh_seed(noise_seed, i, t, k)
-            requests.append(BranchRequest(i, t, branch=k, coupled=config.coupled, noise_seed=seed))
+        for j in range(config.pairs):
+            pair_seed = None if j == 0 else fresh_seed(noise_seed, i, t, 10_000 + j)
+            if j > 0 and config.coupled:
+                replicas.append((i, t, j, BranchRequest(i, t, branch=1, coupled=False, noise_seed=pair_seed,
+                                                        alternative=_factual_turn(factual[i], t))))
+            for k in range(1, config.star + 1):
+                if config.coupled:
+                    coupled, seed = j == 0, pair_seed
+                else:  # independent counterfactuals: every twin on its own fresh seed
+                    coupled, seed = False, fresh_seed(noise_seed, i, t, 100 * j + k)
+                requests.append((j, BranchRequest(i, t, branch=k, coupled=coupled, noise_seed=seed)))
     if not requests:
         return Twins()
-    needs_coin = config.skip_same_evidence or config.q_same < 1.0
-    if not needs_coin:
-        recs = branch_rollouts(policy, factual, requests, sampling=sampling)
-        out = Twins(recs, [True] * len(recs), sum(r.num_generated_tokens for r in recs))
-        _charge_self_twins(out, factual, config)
-        return out
-
-    # phase 1: the alternative turns and their observations
-    rows, gen_reqs = [], []
-    from twice_envs.agents.policy import GenerationRequest
-
-    for r in requests:
-        ep = factual[r.episode]
-        schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
-        seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
-        env = twice_envs.replay(ep.trajectory, turn=r.turn)
-        ctx, counter = _context(ep, r.turn)
-        key = NoiseKey(seed, r.turn, r.branch)
-        rows.append((r, ep, env, key))
-        gen_reqs.append(GenerationRequest(ctx, key, tuple(env.protocol().stop), counter))
-    gens = []
-    for start in range(0, len(gen_reqs), 64):
-        gens += policy.generate(gen_reqs[start : start + 64], sampling)
-
+    shortcut = config.self_twin_shortcut and config.coupled
+    starts = start_twins(policy, factual, [r for _, r in requests], sampling=sampling, detect_self_twins=shortcut)
     out = Twins()
-    keep_rows = []
-    for (r, ep, env, key), g in zip(rows, gens):
-        fact = ep.turns[r.turn]
-        rec = EpisodeRecord(ep.env_id, ep.seed, dict(ep.options), group=ep.group, twin_of=(r.episode, r.turn),
-                            branch=r.branch, coupled=r.coupled)
-        rec.turns = [TurnRecord(list(g.token_ids), list(g.logprobs), g.text, key, entropy=g.entropy)]
-        out.aux_tokens += len(g.token_ids)
-        if r.coupled and g.text == fact.text:
-            rec.self_twin = rec.same_evidence = True
-            rec.utility = ep.utility
-            out.records.append(rec)
-            out.kept.append(True)
-            continue
-        obs = env.step(g.text)[0]
-        rec.turns[0].obs = obs
-        rec.same_evidence = obs == fact.obs
+    for (j, req), st in zip(requests, starts):
+        rec = st.record
+        rec.pair, rec.coupled = j, config.coupled
+        # within a coupled pair j >= 1 the factual turn's token ids make a self-twin of the replica
+        if shortcut and j > 0 and list(rec.turns[0].token_ids) == list(factual[req.episode].turns[req.turn].token_ids):
+            st.live = None
+            rec.self_twin = True
+        out.aux_tokens += rec.turns[0].num_tokens
+    kept = twice.evidence_coins([twice.evidence_exponent(st.record) for st in starts], config, rng)
+    kept = [bool(k) for k in kept]
+    for st, k in zip(starts, kept):
+        if not k:
+            st.live = None  # dropped: costs only its alternative turn
+    # replicas of the pairs that have a kept twin that is not a self-twin
+    needed = {(st.record.twin_of[0], st.record.twin_of[1], st.record.pair) for st, k in zip(starts, kept)
+              if k and st.record.pair > 0 and not st.record.self_twin}
+    rep = [(key, r) for (i, t, j, r) in replicas if (key := (i, t, j)) in needed]
+    rep_starts = start_twins(policy, factual, [r for _, r in rep], sampling=sampling, detect_self_twins=False)
+    continued = [st for st in starts if not st.done] + rep_starts
+    before = {id(st): st.record.num_generated_tokens for st in continued}
+    finish_twins(policy, continued, sampling=sampling)
+    out.aux_tokens += sum(st.record.num_generated_tokens - before[id(st)] for st in continued)
+    out.aux_tokens += sum(st.record.turns[0].num_tokens for st in rep_starts)
+    pair_u = {key: st.record.utility for (key, _), st in zip(rep, rep_starts)}
+    for st, k in zip(starts, kept):
+        rec = st.record
+        if rec.pair > 0 and config.coupled:
+            key = (rec.twin_of[0], rec.twin_of[1], rec.pair)
+            if rec.self_twin:
+                rec.pair_utility = None  # D = 0 whatever U_j is
+            elif k:
+                rec.pair_utility = pair_u[key]
         out.records.append(rec)
-        out.kept.append(False)
-        keep_rows.append(len(out.records) - 1)
-    coins = twice.evidence_coins([out.records[j].same_evidence for j in keep_rows], config, rng)
-    continue_rows = [j for j, c in zip(keep_rows, coins) if c]
-    # phase 2: continue the kept twins with the alternative text forced
-    reqs2 = []
-    for j in continue_rows:
-        rec = out.records[j]
-        i, t = rec.twin_of
-        seed = None if config.coupled else fresh_seed(noise_seed, i, t, rec.branch)
-        reqs2.append(BranchRequest(i, t, branch=rec.branch, coupled=config.coupled, noise_seed=seed, action=rec.turns[0].text))
-    done = branch_rollouts(policy, factual, reqs2, sampling=sampling) if reqs2 else []
-    for j, twin in zip(continue_rows, done):
-        twin.same_evidence = out.records[j].same_evidence
-        out.aux_tokens += twin.num_generated_tokens - len(twin.turns[0].token_ids)
-        # keep the sampled alternative turn (the forced one is its re-encoding)
-        twin.turns[0] = TurnRecord(**{**out.records[j].turns[0].__dict__, "obs": twin.turns[0].obs,
-                                      "obs_token_ids": twin.turns[0].obs_token_ids, "reward": twin.turns[0].reward,
-                                      "digest": twin.turns[0].digest})
-        out.records[j] = twin
-        out.kept[j] = True
-    _charge_self_twins(out, factual, config)
+        out.kept.append(k)
     return out
-
-
-def _charge_self_twins(out: Twins, factual: Sequence[EpisodeRecord], config: twice.TwiceConfig) -> None:
-    # Without the shortcut a self-twin re-runs the factual continuation, which the
-    # coupling makes token-identical to the factual one: charge it instead of re-running.
-    if config.self_twin_shortcut:
-        return
-    for rec in out.records:
-        if rec.self_twin:
-            i, t = rec.twin_of
-            out.aux_tokens += factual[i].remaining_tokens(t + 1)
 
 
 def run_value_rollouts(policy, factual: Sequence[EpisodeRecord], sampling, *, k: int = vineppo.K_ROLLOUTS,
@@ -220,7 +203,8 @@ def credit_step(
     tw = run_twins(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
     credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
     stats = twice.twin_stats(credit, plan, tw.records)
-    state = predictor.calibrate_cost(state, tw.aux_tokens, float(np.dot(plan.q, plan.costs)) * config.n_alternatives)
+    state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                     float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
     stats["cost_scale"] = state.cost_scale
     # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
     rows, labels, weights = [], [], []

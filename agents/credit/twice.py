@@ -48,8 +48,13 @@ class TwiceConfig:
 
     beta: float = 0.7
     """Auxiliary budget: expected twin tokens = beta x the batch's policy tokens."""
-    n_alternatives: int = 1
-    """J: alternatives (twins) per branched decision."""
+    pairs: int = 1
+    """J: independent pairs per branched decision. Pair 0 is the factual episode and its
+    twins; each further pair replays the factual turn on a fresh downstream noise seed
+    and runs its twins on that same seed (a replica plus the twins)."""
+    star: int = 1
+    """K: alternatives per pair that share the pair's downstream noise (the star design;
+    they share one factual side, so they are not independent pairs)."""
     omega: float = 1.0
     """Weight of the twin credit in ``A_t = A_traj + omega A_hat_t / sigma_hat``."""
     q_min: float = 0.05
@@ -131,8 +136,7 @@ def branch_probabilities(
     """
     index = decision_index(episodes) if index is None else index
     costs = branch_costs(episodes, index)
-    # J alternatives per branched decision each cost about c_t.
-    unit_costs = costs * config.n_alternatives * cost_scale
+    unit_costs = costs * twins_per_decision(config) * cost_scale
     target = config.beta * policy_tokens(episodes)
     if update < config.warmup_updates:
         return np.full(len(index), config.warmup_q), float("nan"), costs, target
@@ -149,6 +153,12 @@ def branch_probabilities(
     else:
         raise ValueError(f"branching must be sqrt, uniform or mixed, got {config.branching!r}")
     return q, lam, costs, target
+
+
+def twins_per_decision(config: TwiceConfig) -> int:
+    """Episodes run per branched decision, each costing about ``c_t``: ``J K`` twins and
+    ``J - 1`` replicas of the factual turn (one per pair beyond the factual episode)."""
+    return config.pairs * config.star + config.pairs - 1
 
 
 def plan_branches(
@@ -206,10 +216,12 @@ def twin_credit(
     kept: Sequence[bool],
     config: TwiceConfig,
 ) -> TwinCredit:
-    """``A_hat_t = (1/J) sum_j B_t S_j D_j / (q_t q_same^{e_j})`` for every decision.
+    """``A_hat_t = (1/JK) sum_jk B_t S_jk D_jk / (q_t q_same^{e_jk})`` for every decision.
 
-    ``twins[j].twin_of = (episode, turn)`` names its decision; ``kept[j]`` is its
-    evidence coin ``S_j`` (a twin not kept contributes 0, and its ``U'`` is unused).
+    ``twins[m].twin_of = (episode, turn)`` names its decision; ``kept[m]`` is its
+    evidence coin ``S`` (a twin not kept contributes 0, and its ``U'`` is unused).
+    ``D = U_j - U'`` with ``U_j`` the twin's ``pair_utility`` (pairs ``j >= 1``) or the
+    factual utility.
     """
     row_of = {d: r for r, d in enumerate(plan.index)}
     a_hat = np.zeros(len(plan.index))
@@ -223,7 +235,7 @@ def twin_credit(
         r = row_of[(int(i), int(t))]
         if not plan.branched[r]:
             raise ValueError(f"twin of decision {(i, t)} whose branch coin was 0")
-        u = episodes[i].utility
+        u = episodes[i].utility if twin.pair_utility is None else twin.pair_utility
         u_twin = u if twin.self_twin else twin.utility
         e = evidence_exponent(twin)
         pairs.append((r, u, u_twin, e, bool(s)))
@@ -231,7 +243,7 @@ def twin_credit(
             continue
         d = u - u_twin
         weight = 1.0 / (plan.q[r] * config.q_same**e) if config.inverse_weights else 1.0
-        a_hat[r] += weight * d / config.n_alternatives
+        a_hat[r] += weight * d / (config.pairs * config.star)
         d_sum[r] += d
         d_cnt[r] += 1
     d_mean = np.where(d_cnt > 0, d_sum / np.maximum(d_cnt, 1), np.nan)
