@@ -124,6 +124,15 @@ class SearchToyPolicy:
             found, prev = transition(self.config, found, a), a
         return np.array(out)
 
+    def episode_values(self, actions: Sequence[int]) -> np.ndarray:
+        """Exact ``V(s_t)`` along an episode."""
+        V, _ = self.values
+        found, prev, out = 0, self.num_actions, []
+        for t, a in enumerate(actions):
+            out.append(V[t, found, prev])
+            found, prev = transition(self.config, found, a), a
+        return np.array(out)
+
     # ------------------------------------------------------------- exact values
     @cached_property
     def values(self) -> tuple[np.ndarray, np.ndarray]:

@@ -9,7 +9,8 @@ key, and its twins go through the same fork and twin machinery. It provides:
 * ``state(env)``: what it conditions on, read from a live env;
 * ``action_probs(state)``: its distribution over action indices;
 * ``action_text(a)`` / ``action_of(text)``: the env action for an index and back;
-* ``episode_advantages(actions)``: exact ``A(s_t, a_t)`` along an episode.
+* ``episode_advantages(actions)``, ``episode_values(actions)``: exact ``A(s_t, a_t)`` and
+  ``V(s_t)`` along an episode.
 
 :func:`toy_rollouts`, :func:`toy_twins` and :func:`exact_advantages` work for any of
 them; :class:`ToyPolicy` (CreditToy, below) and
@@ -141,6 +142,9 @@ class ToyPolicy:
 
     def episode_advantages(self, actions: Sequence[int]) -> np.ndarray:
         return np.array([exact_advantage(self, actions[:t], actions[t]) for t in range(len(actions))])
+
+    def episode_values(self, actions: Sequence[int]) -> np.ndarray:
+        return np.array([exact_value(self, tuple(actions[:t])) for t in range(len(actions))])
 
 
 def toy_policy(seed: int = 2, scale: float = 1.2) -> ToyPolicy:
