@@ -276,7 +276,12 @@ def plot_audit(result: AuditResult, path: Path) -> Path:
 
 
 def audit_main(argv: Sequence[str]) -> int:
-    """``twice audit --checkpoint C --env ENV``."""
+    """``twice audit --checkpoint C --env ENV``; the lab envs (exact A*, no checkpoint) go to
+    :func:`twice_envs.agents.lab.lab_main`."""
+    if any(a in ("SearchToy-v0", "CreditToy-v0") for a in argv) and "--checkpoint" not in argv:
+        from twice_envs.agents.lab import lab_main
+
+        return lab_main(argv)
     p = argparse.ArgumentParser(prog="twice audit", description="Credit audit against oracle advantages.")
     p.add_argument("--checkpoint", required=True, help="run directory, its checkpoint/, or 'tiny'")
     p.add_argument("--env", default="SearchQA-v0")

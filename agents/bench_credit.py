@@ -4,7 +4,8 @@ In one run, with fixed seeds:
 
 0. **Credit audit on CreditToy-v0**, where the advantages are exact: every decision
    gets a coupled twin, an independent counterfactual and VinePPO's value rollouts
-   (one twin per decision for both Twice and CRR: equal auxiliary budget).
+   (one twin per decision for both Twice and CRR: equal auxiliary budget); then the
+   credit lab on SearchToy-v0 (:mod:`twice_envs.agents.lab`, bootstrap CIs).
 
 On generated SearchQA with the tiny model:
 
@@ -114,6 +115,15 @@ def main(argv: Sequence[str]) -> int:
         fig[f"toy_pearson_{k}"] = trows[k]["pearson"]
         fig[f"toy_mse_vs_grpo_{k}"] = trows[k]["mse_vs_grpo"]
     fig["toy_rho_twin"] = toy_res.pair_table[0]["rho"]
+
+    from twice_envs.agents import lab
+
+    log("credit lab on SearchToy-v0 (exact advantages, CIs; twice audit --env SearchToy-v0 for its options)")
+    lab_res = lab.run_lab_audit(lab.LabAuditConfig(groups=24 if q else 240, n_boot=200 if q else 1000))
+    print(lab.format_lab(lab_res), end="")
+    lab.write_lab(lab_res, out / "lab")
+    fig["lab"] = {r["method"]: {k: v for k, v in r.items() if k != "method"} for r in lab_res.rows}
+    fig["lab_budget_ratio"] = lab_res.budget_ratio
 
     policy = load_policy(a.model)
     turn_tokens = a.max_new_tokens or cpu_config().max_new_tokens

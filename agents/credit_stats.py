@@ -172,10 +172,12 @@ def bootstrap_ci(
     n_boot: int = N_BOOT,
     level: float = 0.95,
     seed: int = 0,
+    indices: Optional[Sequence[np.ndarray]] = None,
 ) -> Estimate:
     """Percentile bootstrap CI of ``stat(*arrays)``, resampling rows (or ``groups``) jointly.
 
     Resamples where the statistic is undefined (NaN) are left out of the percentiles.
+    ``indices`` (from :func:`resample_indices`) reuses one set of resamples for many figures.
     """
     arrs = [np.asarray(a) for a in arrays]
     n = len(arrs[0])
@@ -184,7 +186,8 @@ def bootstrap_ci(
     value = float(stat(*arrs))
     if n == 0:
         return Estimate(value, float("nan"), float("nan"))
-    boots = [stat(*(a[idx] for a in arrs)) for idx in resample_indices(n, n_boot, groups=groups, seed=seed)]
+    draws = indices if indices is not None else resample_indices(n, n_boot, groups=groups, seed=seed)
+    boots = [stat(*(a[idx] for a in arrs)) for idx in draws]
     lo, hi = _percentiles(boots, level)
     return Estimate(value, lo, hi)
 
@@ -219,13 +222,14 @@ def compare(
     n_boot: int = N_BOOT,
     level: float = 0.95,
     seed: int = 0,
+    indices: Optional[Sequence[np.ndarray]] = None,
 ) -> Comparison:
     """Difference ``stat(*a) - stat(*b)`` with a percentile bootstrap CI.
 
     ``a`` and ``b`` are tuples of arrays (the arguments of ``stat``). ``paired``: both
     are measured on the same rows (two estimators on the same decisions), which are
     resampled together (by ``groups`` if given); otherwise each sample is resampled on
-    its own (e.g. two methods' independent seeds).
+    its own (e.g. two methods' independent seeds). ``indices`` (paired only) reuses resamples.
     """
     a = [np.asarray(x) for x in a]
     b = [np.asarray(x) for x in b]
@@ -234,8 +238,8 @@ def compare(
         n = len(a[0])
         if any(len(x) != n for x in a + b):
             raise ValueError("paired samples must have equal lengths")
-        diffs = [stat(*(x[i] for x in a)) - stat(*(x[i] for x in b))
-                 for i in resample_indices(n, n_boot, groups=groups, seed=seed)]
+        draws = indices if indices is not None else resample_indices(n, n_boot, groups=groups, seed=seed)
+        diffs = [stat(*(x[i] for x in a)) - stat(*(x[i] for x in b)) for i in draws]
     else:
         ia = resample_indices(len(a[0]), n_boot, seed=seed)
         ib = resample_indices(len(b[0]), n_boot, seed=seed + 1)

@@ -185,19 +185,26 @@ def credit_step(
     noise_seed: int,
     predictor_state: Optional[predictor.PredictorState] = None,
     vine_k: int = vineppo.K_ROLLOUTS,
+    twins_fn=None,
+    values_fn=None,
 ) -> CreditResult:
-    """Run what ``method`` needs and return the per-turn advantages of ``factual``."""
+    """Run what ``method`` needs and return the per-turn advantages of ``factual``.
+
+    ``twins_fn`` / ``values_fn`` replace :func:`run_twins` / :func:`run_value_rollouts`
+    (same signatures) for policies that are not LLMs (the credit lab's)."""
+    run_twins_ = twins_fn or run_twins
+    run_values_ = values_fn or run_value_rollouts
     if method == "grpo":
         return CreditResult(grpo.grpo_credit(factual))
     if method == "vineppo":
-        vals = run_value_rollouts(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
+        vals = run_values_(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
         return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
     state = predictor_state or predictor.PredictorState()
     util = [ep.utility for ep in factual]
     if method == "crr":
         cfg = crr.crr_config(config)
         plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
-        tw = run_twins(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
+        tw = run_twins_(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
         credit = twice.twin_credit(factual, tw.records, plan, tw.kept, cfg)
         scale = twice.twin_scale(util, cfg, state.twin_rms)
         stats = twice.twin_stats(credit, plan, tw.records, omega=cfg.omega, scale=scale)
@@ -213,7 +220,7 @@ def credit_step(
     mixed = config.branching == "mixed"
     success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
     plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale, success=success)
-    tw = run_twins(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
+    tw = run_twins_(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
     credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
     # the scale comes from earlier updates (running) or this batch's utilities, never its coins
     scale = twice.twin_scale(util, config, state.twin_rms)

@@ -9,12 +9,14 @@ def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
     from twice_envs.agents import toy  # noqa: F401
 
     cfg = DemoConfig(updates=1, questions_per_update=2, eval_questions=3, audit_questions=2, oracle_rollouts=2,
-                     out=str(tmp_path / "demo"))
+                     out=str(tmp_path / "demo"), lab_groups=12, lab_pairs=(1,), learn_seeds=2, learn_updates=2)
     res = run_demo(cfg, env="CreditToy-v0", progress=False, load=lambda: small_policy(0),
                    overrides=dict(indexed_tasks=False, group_size=3, max_new_tokens=3, max_turns=3))
     out = capsys.readouterr().out
     assert "dev EM before" in out and "learning curves:" in out
-    for key in ("curves", "audit.png", "audit.csv"):
+    assert "summary (credit lab" in out and "twice J1 vs crr J1" in out and "final exact V(s0)" in out
+    assert len(res["lab"]["rows"]) == 6 and len(res["lab"]["learn"]["methods"]["twice"]["curve"]) == 3
+    for key in ("curves", "audit.png", "audit.csv", "lab_scatter", "learn_png", "lab_json"):
         assert (tmp_path / "demo").exists()
         from pathlib import Path
 
