@@ -35,6 +35,7 @@ the rows with the same functions.
 from __future__ import annotations
 
 import argparse
+import csv
 import io
 import json
 import sys
@@ -347,7 +348,8 @@ def format_table(result: AuditResult) -> str:
 
 
 def write_outputs(result: AuditResult, out_dir: Path) -> dict:
-    """``audit.json``, ``audit_decisions.csv`` and ``audit.png``; returns their paths."""
+    """``audit.json`` (everything), ``audit.csv`` (one row per method, each figure with
+    ``_lo`` / ``_hi`` columns), ``audit_decisions.csv`` and ``audit.png``; returns their paths."""
     from twice_envs.agents.plots import plot_credit_scatter
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -356,6 +358,22 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
            "questions": result.questions, "decisions": len(result.oracle), "budget_ratio": result.budget_ratio}
     paths = {"audit.json": out_dir / "audit.json", "audit_decisions.csv": out_dir / "audit_decisions.csv"}
     atomic_write_text(paths["audit.json"], json.dumps(doc, indent=1, default=float))
+    flat = []
+    for r in result.rows:
+        row = {}
+        for k, v in r.items():
+            if isinstance(v, dict):
+                row.update({k: v["value"], f"{k}_lo": v["lo"], f"{k}_hi": v["hi"]})
+            else:
+                row[k] = v
+        flat.append(row)
+    cols = list(dict.fromkeys(k for row in flat for k in row))
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    w.writerows(flat)
+    paths["audit.csv"] = out_dir / "audit.csv"
+    atomic_write_text(paths["audit.csv"], buf.getvalue())
     buf = io.StringIO()
     names = list(result.credit)
     buf.write(",".join(["episode", "turn", "oracle"] + names) + "\n")

@@ -193,6 +193,16 @@ def plan_branches(
     return BranchPlan(index, costs, eta_arr, q, coins, lam, target)
 
 
+def same_evidence(factual: EpisodeRecord, turn: int, obs: str, over: bool) -> bool:
+    """Whether an alternative turn got the factual turn's evidence.
+
+    True when the observations are equal and neither the alternative nor the factual
+    turn ended the episode: an observation after the last turn (often ``""``) is no
+    evidence, and a twin that ended has its outcome already, with nothing left to skip.
+    """
+    return (not over) and turn < len(factual.turns) - 1 and obs == factual.turns[turn].obs
+
+
 def evidence_exponent(twin: EpisodeRecord) -> int:
     """``e_t``: 1 for a same-evidence twin that is not a self-twin."""
     return int(bool(twin.same_evidence) and not twin.self_twin)

@@ -63,6 +63,8 @@ def test_audit_end_to_end_on_the_toy(tmp_path):
     for p in paths.values():
         assert p.exists() and p.stat().st_size > 0
     assert (tmp_path / "audit_decisions.csv").read_text().splitlines()[0].startswith("episode,turn,oracle,grpo")
+    header = (tmp_path / "audit.csv").read_text().splitlines()[0].split(",")
+    assert header[0] == "method" and {"pearson", "pearson_lo", "pearson_hi", "ceiling"} <= set(header)
 
 
 def test_summaries_carry_bootstrap_intervals_and_per_decision_rho():

@@ -184,3 +184,28 @@ def test_running_scale_comes_from_earlier_updates_only():
     assert out[0][1] - out[0][0] == pytest.approx(1.5)
     with pytest.raises(ValueError, match="twin_scale"):
         twice.twin_scale(util, TwiceConfig(twin_scale="nope"), 1.0)
+
+
+def test_coupled_toy_twins_read_the_factual_keys_after_the_branch(toy_batch, coupled_twins, independent_twins):
+    _, episodes, _, index, _ = toy_batch
+    checked = 0
+    for (i, t), tw, ind in zip(index, coupled_twins, independent_twins):
+        ep = episodes[i]
+        if tw.self_twin:
+            continue
+        seed = tuple(ep.turns[t].noise_key)[0]
+        assert tuple(tw.turns[0].noise_key) == (seed, t, 1, 0, 0)
+        later = [tuple(x.noise_key) for x in tw.turns[1:]]
+        assert later == [tuple(x.noise_key) for x in ep.turns[t + 1: t + 1 + len(later)]]
+        checked += len(later)
+        # an independent counterfactual reads other keys after the branch
+        assert all(tuple(x.noise_key)[0] != seed for x in ind.turns[1:])
+    assert checked > 1000
+
+
+def test_final_turn_twins_are_never_same_evidence(toy_batch, coupled_twins):
+    _, episodes, _, index, _ = toy_batch
+    last = [tw for (i, t), tw in zip(index, coupled_twins) if t == len(episodes[i].turns) - 1 and not tw.self_twin]
+    earlier = [tw for (i, t), tw in zip(index, coupled_twins) if t < len(episodes[i].turns) - 1 and not tw.self_twin]
+    assert len(last) > 100 and not any(tw.same_evidence for tw in last)
+    assert any(tw.same_evidence for tw in earlier)  # same lights earlier on are same evidence
