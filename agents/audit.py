@@ -166,8 +166,8 @@ def _pair_credit(eps, decisions, twins) -> tuple[list[np.ndarray], list[int], li
         u[r.pair][k] = uj
         u2[r.pair][k] = uj if r.self_twin else r.utility
         tokens[r.pair] += r.num_generated_tokens
-    for r in twins.replicas:
-        tokens[r.pair] += r.num_generated_tokens - r.turns[0].num_tokens  # its first turn is the factual one
+    for r in twins.replicas:  # counted like the trainer's budget counts them (see run_twins)
+        tokens[r.pair] += r.num_generated_tokens
     return [a - b for a, b in zip(u, u2)], tokens, [np.stack([a, b], 1) for a, b in zip(u, u2)]
 
 
@@ -261,7 +261,7 @@ def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, p
                        rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
     pair_rows = [summarize_pair_set(name, p, oracle, config.threshold) for name, p in pair_sets.items()]
     for pr in pair_rows:
-        pr["rho_bar"] = next(r for r in rows if r["method"] == f"{pr['method']} J1")["rho_bar"]["value"]
+        pr["rho_bar"] = cs.per_decision_rho(*rho[pr["method"]])
     methods = [m for m in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m in credit]
     return AuditResult(config, oracle, episodes, turns, credit, aux, pairs_of, rows, pair_rows,
                        per_turn_table(oracle, credit, turns, config.threshold, methods),

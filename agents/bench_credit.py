@@ -2,15 +2,15 @@
 
 In one run, with fixed seeds:
 
-0. **Credit audit on CreditToy-v0**, where the advantages are exact: every decision
-   gets a coupled twin, an independent counterfactual and VinePPO's value rollouts
-   (one twin per decision for both Twice and CRR: equal auxiliary budget); then the
-   credit lab on SearchToy-v0 (:mod:`twice_envs.agents.lab`, bootstrap CIs).
+0. **Credit audit on CreditToy-v0**, where the advantages are exact, then on
+   SearchToy-v0, both through the credit lab (:mod:`twice_envs.agents.lab`, bootstrap
+   CIs): every decision gets a coupled twin, an independent counterfactual and VinePPO's
+   value rollouts.
 
 On generated SearchQA with the tiny model:
 
-1. **Credit audit** (equal auxiliary budget: one twin or counterfactual per decision
-   for Twice and CRR) of the dev questions whose group has mixed outcomes (screened from
+1. **Credit audit** (:mod:`twice_envs.agents.audit`, bootstrap CIs; one twin or
+   counterfactual per decision for Twice and CRR) of the dev questions whose group has mixed outcomes (screened from
    ``--audit-questions`` candidates; where a weak policy fails every episode no
    estimator has anything to measure): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
    Pearson correlation of Twice's credit with the oracle (target >= 0.7), Twice's MSE

@@ -169,9 +169,10 @@ def branch_probabilities(
 
 
 def twins_per_decision(config: TwiceConfig) -> int:
-    """Episodes run per branched decision, each costing about ``c_t``: ``J K`` twins and
-    ``J - 1`` replicas of the factual turn (one per pair beyond the factual episode)."""
-    return config.pairs * config.star + config.pairs - 1
+    """Episodes run per branched decision, each costing about ``c_t``: ``J K`` twins and,
+    for coupled pairs, ``J - 1`` replicas of the factual turn (one per pair beyond the
+    factual episode; independent counterfactuals all pair with the factual episode)."""
+    return config.pairs * config.star + (config.pairs - 1 if config.coupled else 0)
 
 
 def plan_branches(

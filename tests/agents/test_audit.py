@@ -96,6 +96,12 @@ def test_summaries_carry_bootstrap_intervals_and_per_decision_rho():
     assert tw["ceiling"]["value"] == pytest.approx(
         np.sqrt(oracle.var() / (oracle.var() + np.mean(np.abs(oracle)) - np.mean(oracle ** 2))))
     assert [r["turn"] for r in res.per_turn] == ["0", "1", "2", "3"]
+    # J = 2 only: no J = 1 row, the pair table still has its rho-bar
+    two = audit.summarize_audit(cfg, oracle, episodes, np.tile(np.arange(4), 100),
+                                {"grpo": credit["grpo"], "twice J2": credit["twice J1"]}, {"grpo": 0, "twice J2": 200},
+                                {"grpo": 0, "twice J2": 2}, {"twice": np.stack([u, u2], 1)}, v_before, v_after)
+    assert two.pair_rows[0]["rho_bar"] == pytest.approx(rho) and "rho_bar" not in two.row("twice J2")
+    assert two.row("twice J2")["ceiling"]["value"] > tw["ceiling"]["value"]  # two pairs raise the ceiling
 
 
 def test_mixed_groups_keeps_the_groups_whose_outcomes_differ():

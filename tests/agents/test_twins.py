@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from twice_envs.agents.credit import twice
+from twice_envs.agents.credit import crr, twice
 from twice_envs.agents.credit.twice import BranchPlan, TwiceConfig
 from twice_envs.agents.policy import Generation, SamplingConfig
 from twice_envs.agents.rollout import Task, rollout
@@ -131,6 +131,7 @@ def test_independent_pairs_replay_the_factual_turn_on_their_own_seed():
     seed0 = eps[0].trajectory["noise"]["episode_seed"]
     config = TwiceConfig(q_same=1.0, pairs=3, star=2)
     assert twice.twins_per_decision(config) == 8
+    assert twice.twins_per_decision(crr.crr_config(config)) == 6  # counterfactuals need no replicas
     tw = run_twins(policy, eps, [(0, 0)], config, SAMPLING, np.random.default_rng(0), noise_seed=5)
     assert [(r.pair, r.branch) for r in tw.records] == [(j, k) for j in range(3) for k in (1, 2)]
     seeds = {}
