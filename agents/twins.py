@@ -112,8 +112,12 @@ def run_twins(
             st.live = None
             rec.self_twin = True
         out.aux_tokens += rec.turns[0].num_tokens
-    kept = twice.evidence_coins([twice.evidence_exponent(st.record) for st in starts], config, rng)
-    kept = [bool(k) for k in kept]
+    # a self-twin is the factual episode: nothing to keep or drop, so no coin is drawn for it
+    coined = [m for m, st in enumerate(starts) if not st.record.self_twin]
+    kept = [True] * len(starts)
+    for m, k in zip(coined, twice.evidence_coins([twice.evidence_exponent(starts[m].record) for m in coined],
+                                                 config, rng)):
+        kept[m] = bool(k)
     for st, k in zip(starts, kept):
         if not k:
             st.live = None  # dropped: costs only its alternative turn
