@@ -306,8 +306,12 @@ def equal_token_comparisons(oracle, credit, aux, idx, threshold) -> list[dict]:
         tw = within[-1]
         for fig, stat in (("pearson", cs.pearson), ("wrong_sign", ws)):
             c = cs.compare(stat, (credit[tw], oracle), (credit[base], oracle), indices=idx)
-            out.append({"twice": tw, "baseline": base, "figure": fig, "twice_tokens": int(aux[tw]),
-                        "baseline_tokens": int(aux[base]), **c.as_dict()})
+            row = {"twice": tw, "baseline": base, "figure": fig, "twice_tokens": int(aux[tw]),
+                   "baseline_tokens": int(aux[base]), **c.as_dict()}
+            if fig == "wrong_sign":
+                ratio = lambda x, y, a: ws(x, a) / ws(y, a) if ws(y, a) > 0 else float("nan")  # noqa: E731
+                row["ratio"] = cs.bootstrap_ci(ratio, credit[tw], credit[base], oracle, indices=idx).as_dict()
+            out.append(row)
     return out
 
 
@@ -346,7 +350,8 @@ def format_lab(res: LabAuditResult) -> str:
         d = c["diff"]
         out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
                   f"({c['baseline_tokens']} tok): {d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
-                  f"{'significant' if c['significant'] else 'not significant'}\n")
+                  f"{'significant' if c['significant'] else 'not significant'}"
+                  + (f"; ratio {_ci(c['ratio'])}" if "ratio" in c else "") + "\n")
     return out.getvalue()
 
 
