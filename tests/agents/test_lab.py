@@ -24,6 +24,8 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     # coupling: a twin's sign errors are rarer than an independent counterfactual's, clearly
     cmp = next(c for c in res.comparisons if c["baseline"] == "crr J1" and c["figure"] == "wrong_sign")
     assert cmp["twice"] == "twice J1" and cmp["significant"] and cmp["diff"]["hi"] < 0
+    assert cmp["ratio"]["value"] == pytest.approx(rows["twice J1"]["wrong_sign"]["value"] / rows["crr J1"]["wrong_sign"]["value"])
+    assert cmp["ratio"]["hi"] < 1
     # two pairs beat one; every Pearson stays under its J-pair ceiling (up to sampling noise)
     assert rows["twice J2"]["pearson"]["value"] > rows["twice J1"]["pearson"]["value"]
     for name in ("twice J1", "twice J2", "crr J1"):
