@@ -77,4 +77,5 @@ def test_bench_learn_small():
         assert all(lo <= c + 1e-12 and c <= hi + 1e-12 for c, lo, hi in zip(r["curve"], r["lo"], r["hi"]))
     assert res["methods"]["grpo"]["curve"][-1] > res["methods"]["grpo"]["curve"][0]  # learning happens
     assert res["methods"]["grpo"]["aux"] == 0 and res["methods"]["twice"]["aux"] > 0
+    assert res["methods"]["grpo"]["budget_ratio"] == 0 and res["methods"]["twice"]["budget_ratio"] > 0
     assert "updates to target" in bench_learn.format_learn(res)
