@@ -9,6 +9,7 @@ estimators) with the lab's twin runners; Twice and CRR spend the same auxiliary 
 policy gradient of the tabular softmax, ``theta[s] += lr mean_episodes sum_t A_t (e_a - pi(s)) / T``.
 
 Reported: mean curves with 95% bootstrap bands over seeds, each method's final value,
+realised auxiliary tokens over ``beta`` x policy tokens (Twice: after its warm-up),
 and the updates each method needs for its mean curve to reach GRPO's final mean value
 (CI: bootstrap over seeds; ``None`` where it never does within the run).
 """
@@ -80,13 +81,13 @@ def policy_gradient(policy: SearchToyPolicy, episodes, advantages) -> np.ndarray
     return grad / max(1, len(episodes))
 
 
-def train_one(method: str, seed: int, config: LearnConfig) -> tuple[list[float], int, int]:
-    """One run: exact ``V(s0)`` before and after every update, aux tokens, policy tokens."""
+def train_one(method: str, seed: int, config: LearnConfig) -> tuple[list[float], list[int], list[int]]:
+    """One run: exact ``V(s0)`` before and after every update; aux and policy tokens per update."""
     policy = search_toy_policy(config.setting)
     tcfg = twice.TwiceConfig(beta=config.beta, warmup_updates=config.warmup_updates)
     rng = np.random.default_rng([seed, 7])
     state = None
-    values, aux, ptoks = [policy.value], 0, 0
+    values, aux, ptoks = [policy.value], [], []
     for u in range(config.updates):
         eps, envs = toy.toy_rollouts(policy, config.groups, config.group_size, noise_seed=seed * 100_003 + u)
         tf, vf = lab_runners(envs)
@@ -94,8 +95,8 @@ def train_one(method: str, seed: int, config: LearnConfig) -> tuple[list[float],
                           noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k,
                           twins_fn=tf, values_fn=vf)
         state = res.predictor_state or state
-        aux += res.aux_tokens
-        ptoks += sum(e.num_generated_tokens for e in eps)
+        aux.append(res.aux_tokens)
+        ptoks.append(sum(e.num_generated_tokens for e in eps))
         policy = policy.with_logits(policy.logits + config.lr * policy_gradient(policy, eps, res.advantages))
         values.append(policy.value)
     return values, aux, ptoks
@@ -110,14 +111,18 @@ def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
     """Train every method on every seed; return curves, CIs and updates-to-target."""
     curves, tokens = {}, {}
     for m in config.methods:
-        runs = []
-        a_tot = p_tot = 0
+        runs, a_tok, p_tok = [], [], []
         for s in range(config.seeds):
             v, a, p = train_one(m, config.seed + s, config)
             runs.append(v)
-            a_tot, p_tot = a_tot + a, p_tot + p
+            a_tok.append(a)
+            p_tok.append(p)
         curves[m] = np.array(runs)
-        tokens[m] = {"aux": a_tot, "policy": p_tot, "aux_per_policy": a_tot / p_tot}
+        a_tok, p_tok = np.array(a_tok), np.array(p_tok)
+        w = config.warmup_updates if m == "twice" else 0  # Twice's warm-up ignores the budget
+        tokens[m] = {"aux": int(a_tok.sum()), "policy": int(p_tok.sum()),
+                     "aux_per_policy": float(a_tok.sum() / p_tok.sum()),
+                     "budget_ratio": float(a_tok[:, w:].sum() / (config.beta * p_tok[:, w:].sum()))}
         log(f"{m}: final V(s0) {curves[m][:, -1].mean():.3f}")
     target = float(curves["grpo"][:, -1].mean()) if "grpo" in curves else float("nan")
     rng = np.random.default_rng(config.seed)
@@ -143,14 +148,18 @@ def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
 def format_learn(res: dict) -> str:
     lines = [f"exact V(s0): initial {res['methods'][next(iter(res['methods']))]['curve'][0]:.3f}; "
              f"target = GRPO's final mean {res['target']:.3f}",
-             f"{'method':<9} {'final V(s0) [95% CI]':>24} {'updates to target [CI]':>26} {'aux/policy tok':>15}"]
+             f"{'method':<9} {'final V(s0) [95% CI]':>24} {'updates to target [CI]':>26} {'aux/policy tok':>15} "
+             f"{'aux/(beta x policy)':>20}"]
     for m, r in res["methods"].items():
         f = r["final"]
         ut = r["updates_to_target"]
         ci = r["updates_to_target_ci"]
         reach = "never" if ut is None else (f"{ut}" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
                                                          f" (reached in {100 * r['reached_share']:.0f}% of resamples)"))
-        lines.append(f"{m:<9} {f['value']:>8.3f} [{f['lo']:.3f}, {f['hi']:.3f}] {reach:>26} {r['aux_per_policy']:>15.2f}")
+        lines.append(f"{m:<9} {f['value']:>8.3f} [{f['lo']:.3f}, {f['hi']:.3f}] {reach:>26} {r['aux_per_policy']:>15.2f} "
+                     f"{r['budget_ratio']:>20.3f}")
+    lines.append(f"(aux/(beta x policy): Twice after its {res['config']['warmup_updates']}-update predictor warm-up; "
+                 f"beta = {res['config']['beta']})")
     return "\n".join(lines) + "\n"
 
 

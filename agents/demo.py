@@ -32,7 +32,7 @@ from twice_envs.trajectory import atomic_write_text
 class DemoConfig:
     """Sizes of the demo's stages (defaults fit a few minutes on two CPU cores)."""
 
-    lab_groups: int = 200
+    lab_groups: int = 120
     """Lab audit: GRPO groups of five SearchToy episodes (about five decisions each)."""
     lab_pairs: tuple = (1, 2)
     """Lab audit: ``J`` values for Twice and CRR."""

@@ -237,11 +237,13 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
         credit[name] = np.mean([c for c, _ in cf[:J]], axis=0)
         aux[name], pairs_of[name] = sum(k for _, k in cf[:J]), J
     # VinePPO
+    # VinePPO: the K-rollout rows share their first rollouts (rollout j is on branch j)
     _, values_fn = lab_runners(envs)
+    vals = values_fn(policy, eps, None, k=max(config.vine_k), noise_seed=config.seed + 31)
     for K in config.vine_k:
-        vals = values_fn(policy, eps, None, k=K, noise_seed=config.seed + 31 * K)
-        credit[f"vineppo K{K}"] = np.concatenate(vineppo.vine_credit(eps, vals.records))
-        aux[f"vineppo K{K}"], pairs_of[f"vineppo K{K}"] = vals.aux_tokens, 0
+        recs = [r for r in vals.records if r.branch <= K]
+        credit[f"vineppo K{K}"] = np.concatenate(vineppo.vine_credit(eps, recs))
+        aux[f"vineppo K{K}"], pairs_of[f"vineppo K{K}"] = sum(r.num_generated_tokens for r in recs), 0
     # Twice at training time: the real credit step after a predictor warm-up
     a_hat, train_aux = training_time_twice(policy, eps, envs, config)
     credit["twice-train"], aux["twice-train"], pairs_of["twice-train"] = a_hat, train_aux, 0
@@ -304,8 +306,12 @@ def equal_token_comparisons(oracle, credit, aux, idx, threshold) -> list[dict]:
         tw = within[-1]
         for fig, stat in (("pearson", cs.pearson), ("wrong_sign", ws)):
             c = cs.compare(stat, (credit[tw], oracle), (credit[base], oracle), indices=idx)
-            out.append({"twice": tw, "baseline": base, "figure": fig, "twice_tokens": int(aux[tw]),
-                        "baseline_tokens": int(aux[base]), **c.as_dict()})
+            row = {"twice": tw, "baseline": base, "figure": fig, "twice_tokens": int(aux[tw]),
+                   "baseline_tokens": int(aux[base]), **c.as_dict()}
+            if fig == "wrong_sign":
+                ratio = lambda x, y, a: ws(x, a) / ws(y, a) if ws(y, a) > 0 else float("nan")  # noqa: E731
+                row["ratio"] = cs.bootstrap_ci(ratio, credit[tw], credit[base], oracle, indices=idx).as_dict()
+            out.append(row)
     return out
 
 
@@ -344,7 +350,8 @@ def format_lab(res: LabAuditResult) -> str:
         d = c["diff"]
         out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
                   f"({c['baseline_tokens']} tok): {d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
-                  f"{'significant' if c['significant'] else 'not significant'}\n")
+                  f"{'significant' if c['significant'] else 'not significant'}"
+                  + (f"; ratio {_ci(c['ratio'])}" if "ratio" in c else "") + "\n")
     return out.getvalue()
 
 

@@ -24,6 +24,8 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     # coupling: a twin's sign errors are rarer than an independent counterfactual's, clearly
     cmp = next(c for c in res.comparisons if c["baseline"] == "crr J1" and c["figure"] == "wrong_sign")
     assert cmp["twice"] == "twice J1" and cmp["significant"] and cmp["diff"]["hi"] < 0
+    assert cmp["ratio"]["value"] == pytest.approx(rows["twice J1"]["wrong_sign"]["value"] / rows["crr J1"]["wrong_sign"]["value"])
+    assert cmp["ratio"]["hi"] < 1
     # two pairs beat one; every Pearson stays under its J-pair ceiling (up to sampling noise)
     assert rows["twice J2"]["pearson"]["value"] > rows["twice J1"]["pearson"]["value"]
     for name in ("twice J1", "twice J2", "crr J1"):
@@ -75,4 +77,5 @@ def test_bench_learn_small():
         assert all(lo <= c + 1e-12 and c <= hi + 1e-12 for c, lo, hi in zip(r["curve"], r["lo"], r["hi"]))
     assert res["methods"]["grpo"]["curve"][-1] > res["methods"]["grpo"]["curve"][0]  # learning happens
     assert res["methods"]["grpo"]["aux"] == 0 and res["methods"]["twice"]["aux"] > 0
+    assert res["methods"]["grpo"]["budget_ratio"] == 0 and res["methods"]["twice"]["budget_ratio"] > 0
     assert "updates to target" in bench_learn.format_learn(res)
