@@ -1,11 +1,18 @@
-"""``twice demo``: train GRPO and Twice on generated SearchQA with the tiny model, then audit.
+"""``twice demo``: the credit lab's evidence, then GRPO and Twice on SearchQA with the tiny model.
 
-On a fresh install this loads the tiny model (the copy shipped with the package),
-measures greedy dev EM on generated single-hop SearchQA questions, trains GRPO and
-Twice for the same number of updates on the same questions, measures dev EM again,
-audits the Twice policy's credit on the dev questions whose group has mixed outcomes,
-and writes the learning curves and the audit plot. ``--quick`` shrinks every stage for
-a smoke test.
+1. **Lab audit** on SearchToy-v0 (:mod:`twice_envs.agents.lab`): every estimator's credit
+   against exact advantages on over a thousand decisions, with bootstrap CIs, the
+   one-pair ceiling and a scatter per method.
+2. **Learning curves** on SearchToy (:mod:`twice_envs.agents.bench_learn`): exact
+   ``V(s0)`` per update for each method over several seeds, with CI bands.
+3. **The LLM run**: loads the tiny model (the copy shipped with the package), measures
+   greedy dev EM on generated single-hop SearchQA questions, trains GRPO and Twice for
+   the same number of updates on the same questions, measures dev EM again, audits the
+   Twice policy's credit on the dev questions whose group has mixed outcomes, and
+   writes the learning curves and the audit plot.
+4. **A summary** that says which differences are statistically significant.
+
+``--quick`` shrinks every stage for a smoke test.
 """
 
 from __future__ import annotations
@@ -24,8 +31,16 @@ from twice_envs.trajectory import atomic_write_text
 class DemoConfig:
     """Sizes of the demo's stages (defaults fit a few minutes on two CPU cores)."""
 
-    updates: int = 16
-    """Updates per method."""
+    lab_groups: int = 120
+    """Lab audit: GRPO groups of five SearchToy episodes (about five decisions each)."""
+    lab_pairs: tuple = (1, 2)
+    """Lab audit: ``J`` values for Twice and CRR."""
+    learn_seeds: int = 10
+    """Learning curves: seeds per method."""
+    learn_updates: int = 15
+    """Learning curves: updates per seed."""
+    updates: int = 10
+    """LLM run: updates per method."""
     questions_per_update: int = 6
     """Questions per update (G = 5 episodes each)."""
     eval_questions: int = 60
@@ -44,7 +59,49 @@ class DemoConfig:
     """Seed shared by both runs (same questions, same noise seeds)."""
 
 
-QUICK = DemoConfig(updates=2, questions_per_update=2, eval_questions=8, audit_questions=2, oracle_rollouts=2)
+QUICK = DemoConfig(updates=2, questions_per_update=2, eval_questions=8, audit_questions=2, oracle_rollouts=2,
+                   lab_groups=12, lab_pairs=(1,), learn_seeds=2, learn_updates=2)
+
+
+def run_lab_stages(cfg: DemoConfig, out: Path, say=print) -> dict:
+    """Stages 1 and 2: the lab audit and the learning curves; returns their figures."""
+    from twice_envs.agents import bench_learn, lab
+
+    say(f"lab audit on SearchToy-v0: {cfg.lab_groups} groups x 5 episodes, exact A* for every decision")
+    acfg = lab.LabAuditConfig(groups=cfg.lab_groups, pairs=tuple(cfg.lab_pairs), vine_k=(1, 2), n_boot=500,
+                              seed=cfg.seed)
+    audit = lab.run_lab_audit(acfg)
+    print(lab.format_lab(audit), end="")
+    apaths = lab.write_lab(audit, out / "lab")
+    say(f"learning curves on SearchToy: {cfg.learn_seeds} seeds x {cfg.learn_updates} updates per method")
+    lcfg = bench_learn.LearnConfig(seeds=cfg.learn_seeds, updates=cfg.learn_updates, groups=6, seed=cfg.seed)
+    learn = bench_learn.run_learn(lcfg)
+    print(bench_learn.format_learn(learn), end="")
+    lpaths = bench_learn.write_learn(learn, out / "lab")
+    return {"audit": audit, "learn": learn, "paths": {"lab_scatter": str(apaths["png"]), "lab_json": str(apaths["json"]),
+                                                      "learn_png": str(lpaths["png"]), "learn_json": str(lpaths["json"])}}
+
+
+def summary_lines(lab_res: dict) -> list[str]:
+    """Plain sentences on which lab differences are significant (95% bootstrap CIs)."""
+    lines = []
+    for c in lab_res["audit"].comparisons:
+        if c["baseline"].startswith("grpo") and c["figure"] == "pearson":
+            continue
+        better = (c["diff"]["value"] > 0) == (c["figure"] == "pearson")
+        verdict = ("significantly " + ("better" if better else "worse")) if c["significant"] else "not significantly different"
+        lines.append(f"{c['figure']}: {c['twice']} vs {c['baseline']} (no more aux tokens): "
+                     f"{c['diff']['value']:+.3f} [{c['diff']['lo']:+.3f}, {c['diff']['hi']:+.3f}], {verdict}")
+    learn = lab_res["learn"]["methods"]
+    g = learn["grpo"]["final"]
+    for m, r in learn.items():
+        if m == "grpo":
+            continue
+        f = r["final"]
+        sep = f["lo"] > g["hi"] or f["hi"] < g["lo"]
+        lines.append(f"final exact V(s0): {m} {f['value']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}] vs GRPO {g['value']:.3f} "
+                     f"[{g['lo']:.3f}, {g['hi']:.3f}]: " + ("CIs do not overlap" if sep else "CIs overlap"))
+    return lines
 
 
 def trainer_overrides(cfg: DemoConfig, env: str, overrides: dict | None = None) -> dict:
@@ -68,6 +125,7 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
     out = Path(cfg.out)
     t0 = time.time()
     say = lambda msg: print(f"[demo {time.time() - t0:5.0f}s] {msg}", flush=True)  # noqa: E731
+    lab_res = run_lab_stages(cfg, out, say)
     say(f"loading the {model} model")
     load = load or (lambda: load_policy(model))
     policy = load()
@@ -109,8 +167,14 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
               f"{r['realised_beta']:>19.2f}")
     print(f"\nlearning curves: {curves}\ncredit audit:    {paths['audit.png']} (table: {paths['audit.csv']})\n"
           f"runs:            {out / 'grpo'}, {out / 'twice'} (metrics.jsonl, checkpoint/)")
+    print("\nsummary (credit lab, 95% bootstrap CIs):")
+    for line in summary_lines(lab_res):
+        print("  " + line)
+    print(f"lab scatter:     {lab_res['paths']['lab_scatter']}\nlab curves:      {lab_res['paths']['learn_png']}")
     say("done")
-    results["paths"] = {"curves": str(curves), **{k: str(v) for k, v in paths.items()}}
+    results["paths"] = {"curves": str(curves), **{k: str(v) for k, v in paths.items()}, **lab_res["paths"]}
+    results["lab"] = {"rows": lab_res["audit"].rows, "comparisons": lab_res["audit"].comparisons,
+                      "learn": lab_res["learn"]}
     return results
 
 

@@ -80,3 +80,57 @@ def plot_main(argv: Sequence[str]) -> int:
     path = plot_runs([Path(r) for r in a.runs], Path(a.out), smooth=a.smooth)
     print(f"wrote {path}")
     return 0
+
+
+def plot_credit_scatter(oracle, credit: dict, pairs: dict, rows: dict, out: Path, *, seed: int = 0) -> Path:
+    """Credit against the exact advantage, one panel per method, with the ``J``-pair ceiling drawn
+    as the band ``A* +- sqrt((|A*| - A*^2) / J)`` (the least spread any unbiased ``J``-pair credit
+    with 0/1 outcomes can have) and the identity line. Points are jittered a little: credit
+    values are often a few discrete levels."""
+    plt = pyplot()
+    oracle = np.asarray(oracle, dtype=float)
+    rng = np.random.default_rng(seed)
+    fig, axes = plt.subplots(1, len(credit), figsize=(3.3 * len(credit), 3.3), squeeze=False)
+    grid = np.linspace(-1, 1, 201)
+    for ax, (name, c) in zip(axes[0], credit.items()):
+        c = np.asarray(c, dtype=float)
+        ax.scatter(oracle, c + rng.normal(0, 0.02, c.size), s=4, alpha=0.25)
+        ax.plot(grid, grid, color="k", lw=0.6, ls="--")
+        j = pairs.get(name, 0)
+        if j:
+            sd = np.sqrt(np.clip(np.abs(grid) - grid**2, 0, None) / j)
+            ax.plot(grid, grid + sd, color="tab:red", lw=0.8)
+            ax.plot(grid, grid - sd, color="tab:red", lw=0.8)
+        r = rows.get(name, {})
+        title = f"{name}: r={r['pearson']['value']:.2f}" if "pearson" in r else name
+        if "ceiling" in r:
+            title += f" (ceiling {r['ceiling']['value']:.2f})"
+        ax.set_title(title, fontsize=8)
+        lim = max(0.05, float(np.max(np.abs(oracle), initial=0.0)) * 1.1)
+        ax.set_xlim(-lim, lim)
+        ax.set_xlabel("exact A*")
+    axes[0][0].set_ylabel("credit")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_bands(x, curves: dict, out: Path, *, ylabel: str = "exact V(s0)", hline: float | None = None) -> Path:
+    """Mean curve with a shaded 95% band per method; ``curves[name] = (mean, lo, hi)``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for name, (m, lo, hi) in curves.items():
+        ax.plot(x, m, label=name)
+        ax.fill_between(x, lo, hi, alpha=0.2)
+    if hline is not None:
+        ax.axhline(hline, color="gray", lw=0.6, ls=":")
+    ax.set_xlabel("update")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

@@ -4,7 +4,10 @@
 generating one turn for every live episode in a single batched call per step.
 :func:`branch_rollouts` forks factual episodes at a turn, samples an alternative turn
 on branch ``k >= 1`` and continues it with the factual noise (coupled twins) or fresh
-noise (independent counterfactuals), batched across all requests.
+noise (independent counterfactuals), batched across all requests. It runs in two
+phases, also public: :func:`start_twins` (the alternative turns and what the env
+answered) and :func:`finish_twins` (the continuations), so that an evidence coin can
+be drawn between them.
 
 Each episode's context is kept as token ids (never re-tokenised), so a record's
 ``prompt_ids`` and turns rebuild exactly what the model saw (:func:`pack_episode`).
@@ -20,6 +23,7 @@ import numpy as np
 import torch
 
 import twice_envs
+from twice_envs.agents.credit.twice import same_evidence
 from twice_envs.agents.policy import Generation, GenerationRequest, SamplingConfig
 from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
@@ -54,7 +58,11 @@ class BranchRequest:
     noise_seed: Optional[int] = None
     """The fresh episode seed when ``coupled=False`` (required then)."""
     action: Optional[str] = None
-    """Force this alternative text instead of sampling one."""
+    """Force this alternative text (encoded to tokens) instead of sampling one: for
+    alternatives a person or script writes."""
+    alternative: Optional[Generation] = None
+    """Force this already sampled turn: its token ids are carried as they are (never
+    re-encoded from its text)."""
 
 
 def episode_noise_seed(noise_seed: int, group: int, index: int) -> int:
@@ -211,33 +219,33 @@ def score_tokens(policy, context: Sequence[int], tokens: Sequence[int], sampling
     return lp.tolist(), float(ent.mean()) if len(tokens) else 0.0
 
 
-def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
-                    sampling: SamplingConfig, env_kwargs: Optional[dict] = None,
-                    batch_size: int = 64, detect_self_twins: bool = True) -> list[EpisodeRecord]:
-    """Twins of factual episodes (one record per request, in request order).
+@dataclass
+class TwinStart:
+    """A twin after its alternative turn (see :func:`start_twins`).
 
-    For each request: rebuild the factual env at turn ``t`` (replay, verified against the
-    digest chain), sample the alternative turn with key ``(seed, t, branch)`` (or take
-    ``action``), and
+    Attributes:
+        record: the twin's record so far (complete when ``live`` is None).
+        live: the twin env and context to continue; None for a self-twin or a twin
+            whose alternative turn ended the episode (its outcome is already known).
+    """
 
-    * **self-twin** (coupled, alternative text == factual text): the twin is the factual
-      episode; the record has ``self_twin=True``, the factual utility and only the
-      alternative turn; nothing is continued;
-    * otherwise step the alternative through :func:`twice_envs.wrappers.twin`
-      (``same_evidence`` when its observation equals the factual one) and continue
-      with the keys the twin env reports: the factual keys when coupled, a fresh
-      ``noise_seed`` when not. A twin never runs past the factual episode's turn cap.
+    record: EpisodeRecord
+    live: Optional[_Live] = None
 
-    Records have ``twin_of=(episode, t)``, ``branch``, ``coupled``, ``prompt_ids`` = the
-    context before turn ``t`` and ``turns`` from ``t`` on; ``utility`` is the twin
-    trajectory's total reward (comparable to the factual ``utility``).
-    ``env_kwargs`` is accepted for symmetry with :func:`rollout`; the env is rebuilt
-    from the factual record's own kwargs. ``detect_self_twins=False`` continues
-    self-twins too (to verify that they reproduce the factual episode).
+    @property
+    def done(self) -> bool:
+        return self.live is None
+
+
+def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
+                sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True) -> list[TwinStart]:
+    """Phase 1 of :func:`branch_rollouts`: every request's alternative turn, sampled and stepped.
+
+    Returns one :class:`TwinStart` per request, in request order; :func:`finish_twins`
+    continues the ones still live (all of them, or those an evidence coin keeps).
     """
     from twice_envs.wrappers.twin import twin
 
-    del env_kwargs  # the trajectory record carries the env kwargs
     prepared = []
     alt_reqs: list[tuple[int, GenerationRequest]] = []
     for i, r in enumerate(requests):
@@ -252,6 +260,8 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
             raise ValueError(f"request {i}: branch must be >= 1 (0 is the factual episode), got {r.branch}")
         if not r.coupled and r.noise_seed is None:
             raise ValueError(f"request {i}: an independent twin (coupled=False) needs a fresh noise_seed")
+        if r.action is not None and r.alternative is not None:
+            raise ValueError(f"request {i}: give either action (text) or alternative (a sampled turn), not both")
         schedule = NoiseSchedule.from_json(ep.trajectory["noise"])
         seed = schedule.episode_seed if r.coupled else int(r.noise_seed)
         env = twice_envs.replay(ep.trajectory, turn=r.turn, trusted=True)
@@ -259,7 +269,7 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
         key = NoiseKey(seed, r.turn, r.branch)
         stop = tuple(env.protocol().stop)
         prepared.append((r, ep, env, ctx, counter, key, stop, schedule))
-        if r.action is None:
+        if r.action is None and r.alternative is None:
             alt_reqs.append((i, GenerationRequest(ctx, key, stop, counter)))
 
     alternatives: dict[int, Generation] = {}
@@ -271,39 +281,40 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
         for (i, _), g in zip(chunk, gens):
             alternatives[i] = g
     for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
-        if r.action is not None:
+        if r.alternative is not None:
+            alternatives[i] = r.alternative
+        elif r.action is not None:
             toks = list(policy.tokenizer.encode(r.action, add_special_tokens=False))
             lp, ent = score_tokens(policy, ctx, toks, sampling) if toks else ([], 0.0)
             alternatives[i] = Generation(r.action, toks, lp, ent, "forced")
 
-    out: list[EpisodeRecord] = []
-    live: list[_Live] = []
+    out: list[TwinStart] = []
     for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
         alt = alternatives[i]
         rec = EpisodeRecord(env_id=ep.env_id, seed=ep.seed, options=dict(ep.options), group=ep.group, prompt_ids=ctx,
                             twin_of=(r.episode, r.turn), branch=r.branch, coupled=r.coupled)
         cap = int(ep.info.get("turn_cap", len(ep.turns) if ep.truncated else 10**9))
-        if detect_self_twins and r.coupled and alt.text == ep.turns[r.turn].text:
-            fact = ep.turns[r.turn]
+        fact = ep.turns[r.turn]
+        # the same tokens are the same sample; equal text from other tokens is not
+        if detect_self_twins and r.coupled and list(alt.token_ids) == list(fact.token_ids):
             rec.self_twin = True
-            rec.same_evidence = True
             rec.turns = [TurnRecord(list(alt.token_ids), list(alt.logprobs), alt.text, key, fact.obs,
                                     list(fact.obs_token_ids), fact.reward, fact.digest, alt.entropy, fact.invalid)]
             rec.utility = ep.utility
             rec.trajectory = ep.trajectory
             rec.terminated, rec.truncated = ep.terminated, ep.truncated
             rec.info = dict(ep.info)
-            out.append(rec)
+            out.append(TwinStart(rec))
             continue
         t0 = time.perf_counter()
         tw = twin(env, alt.text, schedule if r.coupled else int(r.noise_seed), branch=r.branch)
         TIMING["env_seconds"] += time.perf_counter() - t0
         obs, reward, terminated, truncated, info = tw.first_step
-        rec.same_evidence = obs == ep.turns[r.turn].obs
         x = _Live(tw, rec, list(ctx), cap, counter, stop)
         over = bool(terminated or truncated) or tw.turn >= cap
         if over and not (terminated or truncated):
             truncated = True
+        rec.same_evidence = same_evidence(ep, r.turn, obs, over)
         obs_ids = [] if over else observation_ids(policy.tokenizer, obs)
         rec.turns.append(TurnRecord(list(alt.token_ids), [float(v) for v in alt.logprobs], alt.text, key, obs, obs_ids,
                                     float(reward), info.get("digest", ""), float(alt.entropy),
@@ -312,8 +323,44 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
         x.token_counter += len(alt.token_ids)
         if over:
             _finish(x, info, terminated, truncated)
+            out.append(TwinStart(rec))
         else:
-            live.append(x)
-        out.append(rec)
-    _run(policy, live, sampling, batch_size)
+            out.append(TwinStart(rec, x))
     return out
+
+
+def finish_twins(policy, starts: Sequence[TwinStart], *, sampling: SamplingConfig, batch_size: int = 64) -> None:
+    """Phase 2 of :func:`branch_rollouts`: continue every live twin of ``starts`` to its end
+    (batched; the records are completed in place and the starts marked done)."""
+    live = [s.live for s in starts if s.live is not None]
+    _run(policy, live, sampling, batch_size)
+    for s in starts:
+        s.live = None
+
+
+def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
+                    sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True) -> list[EpisodeRecord]:
+    """Twins of factual episodes (one record per request, in request order).
+
+    For each request: rebuild the factual env at turn ``t`` (replay, verified against the
+    digest chain), sample the alternative turn with key ``(seed, t, branch)`` (or take
+    the request's ``alternative`` token ids, or its ``action`` text), and
+
+    * **self-twin** (coupled, alternative token ids == factual token ids): the twin is the
+      factual episode; the record has ``self_twin=True``, the factual utility and only the
+      alternative turn; nothing is continued;
+    * otherwise step the alternative through :func:`twice_envs.wrappers.twin`
+      (``same_evidence`` as :func:`~twice_envs.agents.credit.twice.same_evidence` says) and continue
+      with the keys the twin env reports: the factual keys when coupled, a fresh
+      ``noise_seed`` when not. A twin never runs past the factual episode's turn cap.
+
+    Records have ``twin_of=(episode, t)``, ``branch``, ``coupled``, ``prompt_ids`` = the
+    context before turn ``t`` and ``turns`` from ``t`` on; ``utility`` is the twin
+    trajectory's total reward (comparable to the factual ``utility``).
+    The env is rebuilt from the factual record's own kwargs. ``detect_self_twins=False``
+    continues self-twins too (to verify that they reproduce the factual episode).
+    """
+    starts = start_twins(policy, factual, requests, sampling=sampling, batch_size=batch_size,
+                         detect_self_twins=detect_self_twins)
+    finish_twins(policy, starts, sampling=sampling, batch_size=batch_size)
+    return [s.record for s in starts]

@@ -1,4 +1,22 @@
-"""CreditToy-v0: a tiny env whose advantages are known exactly, for testing credit.
+"""Exact-advantage lab policies sampled through the real machinery, and CreditToy-v0.
+
+A *lab policy* is a small categorical policy over an env's actions whose values are
+exact (by enumeration or dynamic programming). It samples exactly like the LLM
+sampler: ``argmax(log p + g)`` with keyed Gumbel noise ``g`` read at the env's reported
+key, and its twins go through the same fork and twin machinery. It provides:
+
+* ``env_id``, ``env_kwargs``: the env it acts in;
+* ``state(env)``: what it conditions on, read from a live env;
+* ``action_probs(state)``: its distribution over action indices;
+* ``action_text(a)`` / ``action_of(text)``: the env action for an index and back;
+* ``episode_advantages(actions)``, ``episode_values(actions)``: exact ``A(s_t, a_t)`` and
+  ``V(s_t)`` along an episode.
+
+:func:`toy_rollouts`, :func:`toy_twins` and :func:`exact_advantages` work for any of
+them; :class:`ToyPolicy` (CreditToy, below) and
+:class:`~twice_envs.agents.search_toy.SearchToyPolicy` are the two in the project.
+
+CreditToy-v0 is the smallest one.
 
 Three turns; each turn the agent picks one of four actions ``0 1 2 3``. Action ``a`` at
 turn ``t`` scores ``SCORES[t][a]`` points; the episode's utility (its only reward, paid
@@ -18,12 +36,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
 import twice_envs
 from twice_envs import NoiseKey, NoiseSchedule, Protocol, TextEnv, derive_episode_seed
+from twice_envs.agents.credit.twice import same_evidence
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.noise import gumbel_np, key_rows
 from twice_envs.wrappers.twin import twin
@@ -100,11 +119,33 @@ class ToyPolicy:
     """Categorical policy: ``logits[t, prev]`` over the four actions (``prev = 4``: none/invalid)."""
 
     logits: np.ndarray = field(hash=False, compare=False)
+    env_id = TOY_ID
+    env_kwargs: dict = field(default_factory=dict, hash=False, compare=False)
 
     def probs(self, turn: int, prev: int) -> np.ndarray:
         z = self.logits[turn, prev if prev >= 0 else NUM_ACTIONS]
         p = np.exp(z - z.max())
         return p / p.sum()
+
+    def state(self, env) -> tuple[int, tuple[int, ...]]:
+        """``(turn, history)`` of a live CreditToy env."""
+        return env.turn, tuple(env.unwrapped.history)
+
+    def action_probs(self, state) -> np.ndarray:
+        turn, history = state
+        return self.probs(turn, _prev(history))
+
+    def action_text(self, a: int) -> str:
+        return str(a)
+
+    def action_of(self, text: str) -> int:
+        return int(text)
+
+    def episode_advantages(self, actions: Sequence[int]) -> np.ndarray:
+        return np.array([exact_advantage(self, actions[:t], actions[t]) for t in range(len(actions))])
+
+    def episode_values(self, actions: Sequence[int]) -> np.ndarray:
+        return np.array([exact_value(self, tuple(actions[:t])) for t in range(len(actions))])
 
 
 def toy_policy(seed: int = 2, scale: float = 1.2) -> ToyPolicy:
@@ -147,52 +188,49 @@ def exact_advantage(policy: ToyPolicy, history: Sequence[int], action: int) -> f
     return exact_value(policy, h + (action,)) - exact_value(policy, h)
 
 
-def exact_advantages(policy: ToyPolicy, episodes: Sequence[EpisodeRecord]) -> list[np.ndarray]:
-    """Exact ``A(s_t, y_t)`` for every turn of toy episodes."""
-    out = []
-    for ep in episodes:
-        acts = [int(t.text) for t in ep.turns]
-        out.append(np.array([exact_advantage(policy, acts[:t], acts[t]) for t in range(len(acts))]))
-    return out
+def exact_advantages(policy, episodes: Sequence[EpisodeRecord]) -> list[np.ndarray]:
+    """Exact ``A(s_t, y_t)`` for every turn of a lab policy's episodes."""
+    return [np.asarray(policy.episode_advantages([policy.action_of(t.text) for t in ep.turns]), dtype=np.float64)
+            for ep in episodes]
 
 
 # --------------------------------------------------------------------------- sampling through the env
 
 
-def sample_actions(policy: ToyPolicy, states: Sequence[tuple[int, Sequence[int]]], keys: Sequence[NoiseKey]) -> list[int]:
-    """Keyed Gumbel-max samples for ``(turn, history)`` states, one key each (batched)."""
+def sample_actions(policy, states: Sequence, keys: Sequence[NoiseKey]) -> list[int]:
+    """Keyed Gumbel-max samples for policy states, one key each (batched)."""
     if not keys:
         return []
-    g = gumbel_np(key_rows(keys), NUM_ACTIONS)
-    logits = np.stack([np.log(policy.probs(t, _prev(h))) for t, h in states])
-    return [int(a) for a in np.argmax(logits + g, axis=1)]
+    logp = np.stack([np.log(policy.action_probs(s)) for s in states])
+    g = gumbel_np(key_rows(keys), logp.shape[1])
+    return [int(a) for a in np.argmax(logp + g, axis=1)]
 
 
-def _turn_record(policy: ToyPolicy, turn: int, history: Sequence[int], action: int, key: NoiseKey, obs: str, reward: float, digest: str) -> TurnRecord:
-    p = policy.probs(turn, _prev(history))
+def _turn_record(policy, state, action: int, key: NoiseKey, obs: str, reward: float, digest: str) -> TurnRecord:
+    p = policy.action_probs(state)
+    nz = p[p > 0]
     return TurnRecord(
         token_ids=[action],
         logprobs=[float(np.log(p[action]))],
-        text=str(action),
+        text=policy.action_text(action),
         noise_key=key,
         obs=obs,
         reward=reward,
         digest=digest,
-        entropy=float(-(p * np.log(p)).sum()),
+        entropy=float(-(nz * np.log(nz)).sum()),
     )
 
 
-def _run(policy: ToyPolicy, envs: list, records: list[EpisodeRecord]) -> None:
+def _run(policy, envs: list, records: list[EpisodeRecord]) -> None:
     """Step every env to the end, sampling each turn at the env's reported key."""
     live = [j for j, env in enumerate(envs) if not env.done]
     while live:
         keys = [envs[j].last_info["noise_key"] for j in live]
-        states = [(envs[j].turn, envs[j].unwrapped.history) for j in live]
+        states = [policy.state(envs[j]) for j in live]
         actions = sample_actions(policy, states, keys)
-        for j, a, key, (t, h) in zip(live, actions, keys, states):
-            hist = list(h)
-            obs, r, term, trunc, info = envs[j].step(str(a))
-            records[j].turns.append(_turn_record(policy, t, hist, a, key, obs, r, info["digest"]))
+        for j, a, key, s in zip(live, actions, keys, states):
+            obs, r, term, trunc, info = envs[j].step(policy.action_text(a))
+            records[j].turns.append(_turn_record(policy, s, a, key, obs, r, info["digest"]))
         live = [j for j in live if not envs[j].done]
     for env, rec in zip(envs, records):
         rec.utility = float(env.unwrapped.trajectory.total_reward)
@@ -200,23 +238,23 @@ def _run(policy: ToyPolicy, envs: list, records: list[EpisodeRecord]) -> None:
 
 
 def toy_rollouts(
-    policy: ToyPolicy, n_groups: int, group_size: int = 5, *, noise_seed: int = 0
+    policy, n_groups: int, group_size: int = 5, *, noise_seed: int = 0
 ) -> tuple[list[EpisodeRecord], list]:
     """``n_groups x group_size`` factual episodes; returns the records and their live envs (for forks)."""
     envs, records = [], []
     for g in range(n_groups):
         for j in range(group_size):
-            env = twice_envs.make(TOY_ID)
+            env = twice_envs.make(policy.env_id, **policy.env_kwargs)
             seed = derive_episode_seed(noise_seed, g * 100003 + j)
             env.reset(seed=0, options={"noise_seed": seed})
             envs.append(env)
-            records.append(EpisodeRecord(TOY_ID, 0, {"noise_seed": seed}, group=g))
+            records.append(EpisodeRecord(policy.env_id, 0, {"noise_seed": seed}, group=g))
     _run(policy, envs, records)
     return records, envs
 
 
 def toy_twins(
-    policy: ToyPolicy,
+    policy,
     episodes: Sequence[EpisodeRecord],
     envs: Sequence,
     decisions: Sequence[tuple[int, int]],
@@ -232,30 +270,63 @@ def toy_twins(
     (a self-twin: not continued, ``U' = U``); an independent one is continued anyway,
     since its fresh noise makes it a different episode.
     """
+    return lab_twins(policy, episodes, envs, decisions, coupled=coupled, branch=branch, fresh_salt=fresh_salt)[0]
+
+
+def lab_twins(
+    policy,
+    episodes: Sequence[EpisodeRecord],
+    envs: Sequence,
+    decisions: Sequence[tuple[int, int]],
+    *,
+    coupled: bool = True,
+    branch: int = 1,
+    fresh_salt: int = 1,
+    evidence_coins: Optional[Callable[[Sequence[bool]], Sequence[bool]]] = None,
+) -> tuple[list[EpisodeRecord], list[bool]]:
+    """:func:`toy_twins` with Twice's evidence coin: ``(twins, kept)``.
+
+    After every twin's alternative turn, ``evidence_coins(same_evidence)`` (one flag per
+    twin that is not a self-twin and did not end at its alternative turn) says which to
+    continue; a twin not kept stops after its alternative turn (its ``utility`` is then
+    meaningless and ``kept`` is False). Without ``evidence_coins`` every twin is kept.
+    """
     forks, twin_envs, records, alt_keys, alt_states = [], [], [], [], []
     for i, t in decisions:
         fork = envs[i].fork(t)
-        schedule = fork.noise_schedule
-        alt_keys.append(schedule.with_branch(t, branch).key(t))
-        alt_states.append((t, fork.history))
+        alt_keys.append(fork.noise_schedule.with_branch(t, branch).key(t))
+        alt_states.append(policy.state(fork))
         forks.append(fork)
     alts = sample_actions(policy, alt_states, alt_keys)
     out: list[EpisodeRecord] = []
-    for (i, t), fork, alt, key in zip(decisions, forks, alts, alt_keys):
+    kept: list[bool] = []
+    pending: list[int] = []
+    for (i, t), fork, alt, key, state in zip(decisions, forks, alts, alt_keys, alt_states):
         factual = episodes[i]
         rec = EpisodeRecord(factual.env_id, factual.seed, dict(factual.options), group=factual.group,
                             twin_of=(i, t), branch=branch, coupled=coupled)
         out.append(rec)
-        hist = list(fork.history)
-        if coupled and str(alt) == factual.turns[t].text:
+        kept.append(True)
+        if coupled and policy.action_text(alt) == factual.turns[t].text:
             rec.self_twin, rec.same_evidence, rec.utility = True, True, factual.utility
             continue
         fresh = NoiseSchedule(derive_episode_seed(factual.options["noise_seed"], 1_000_003 * fresh_salt + t))
-        tw = twin(fork, str(alt), fork.noise_schedule if coupled else fresh, branch=branch)
+        tw = twin(fork, policy.action_text(alt), fork.noise_schedule if coupled else fresh, branch=branch)
         obs, r, term, trunc, info = tw.first_step
-        rec.turns.append(_turn_record(policy, t, hist, alt, key, obs, r, info["digest"]))
-        rec.same_evidence = obs == factual.turns[t].obs
+        rec.turns.append(_turn_record(policy, state, alt, key, obs, r, info["digest"]))
+        rec.same_evidence = same_evidence(factual, t, obs, tw.done)
+        if tw.done:
+            rec.utility = float(tw.unwrapped.trajectory.total_reward)
+            rec.terminated = tw.unwrapped.trajectory.terminated
+            continue
+        pending.append(len(out) - 1)
         twin_envs.append(tw)
         records.append(rec)
+    if evidence_coins is not None and pending:
+        coins = [bool(c) for c in evidence_coins([out[j].same_evidence for j in pending])]
+        for j, c in zip(pending, coins):
+            kept[j] = c
+        twin_envs = [e for e, c in zip(twin_envs, coins) if c]
+        records = [r for r, c in zip(records, coins) if c]
     _run(policy, twin_envs, records)
-    return out
+    return out, kept

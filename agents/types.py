@@ -65,8 +65,15 @@ class EpisodeRecord:
         twin_of: for a twin, ``(index of the factual episode in its batch, branch turn)``.
         branch: 0 for a factual episode, ``k >= 1`` for a twin's alternative.
         coupled: for a twin, whether it reads the factual noise after the branch.
-        self_twin: the twin's alternative turn equals the factual turn (D = 0, nothing generated).
-        same_evidence: the alternative turn's observation equals the factual one.
+        self_twin: the twin's alternative turn has the factual turn's token ids (D = 0,
+            nothing generated after it).
+        same_evidence: the alternative turn's observation equals the factual one, and
+            neither turn ended the episode (see :func:`~twice_envs.agents.credit.twice.same_evidence`).
+        pair: for a twin, 0 when paired with the factual episode; ``j >= 1`` for the
+            ``j``-th independent pair of its decision, whose factual side is a replay
+            of the factual turn on fresh downstream noise shared with the twin.
+        pair_utility: for a twin with ``pair >= 1``, the utility ``U_j`` of its pair's
+            factual side (None: the factual episode's ``utility``).
     """
 
     env_id: str
@@ -85,6 +92,8 @@ class EpisodeRecord:
     coupled: bool = True
     self_twin: bool = False
     same_evidence: bool = False
+    pair: int = 0
+    pair_utility: Optional[float] = None
 
     @property
     def num_generated_tokens(self) -> int:

@@ -47,14 +47,3 @@ def crr_credit(
     cfg = crr_config(config)
     return twice.twin_credit(episodes, counterfactuals, plan, [True] * len(counterfactuals), cfg)
 
-
-def crr_advantages(
-    episodes: Sequence[EpisodeRecord],
-    counterfactuals: Sequence[EpisodeRecord],
-    plan: twice.BranchPlan,
-    config: twice.TwiceConfig | None = None,
-) -> list[np.ndarray]:
-    """The per-turn advantages the loss uses."""
-    cfg = crr_config(config)
-    credit = crr_credit(episodes, counterfactuals, plan, cfg)
-    return twice.combine(episodes, plan.index, credit.a_hat, cfg)

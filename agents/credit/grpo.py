@@ -13,9 +13,6 @@ import numpy as np
 
 from twice_envs.agents.types import EpisodeRecord
 
-#: Published group size.
-GROUP_SIZE = 5
-
 
 def group_baseline(utilities: Sequence[float], groups: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Per-episode group mean and (population) standard deviation of the utility."""

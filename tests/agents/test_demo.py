@@ -14,16 +14,22 @@ def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
 
     demo_dir = tmp_path / "demo"
     cfg = DemoConfig(updates=2, questions_per_update=2, eval_questions=3, audit_questions=2, oracle_rollouts=2,
-                     out=str(demo_dir))
+                     out=str(demo_dir), lab_groups=12, lab_pairs=(1,), learn_seeds=2, learn_updates=2)
     overrides = dict(indexed_tasks=False, group_size=3, max_new_tokens=3, max_turns=3)
     res = run_demo(cfg, env="CreditToy-v0", load=lambda: small_policy(0), overrides=overrides)
     captured = capsys.readouterr()
     assert "dev EM before" in captured.out and "learning curves:" in captured.out
+    assert "summary (credit lab" in captured.out and "twice J1 vs crr J1" in captured.out
+    assert "final exact V(s0)" in captured.out
+    assert len(res["lab"]["rows"]) == 6 and len(res["lab"]["learn"]["methods"]["twice"]["curve"]) == 3
     expected = {"curves": demo_dir / "curves.png", "audit.png": demo_dir / "audit" / "audit.png",
                 "audit.csv": demo_dir / "audit" / "audit.csv"}
     for key, path in expected.items():
         assert Path(res["paths"][key]) == path, key
         assert path.stat().st_size > 0, key
+    for key in ("lab_scatter", "learn_png", "lab_json"):
+        path = Path(res["paths"][key])
+        assert demo_dir in path.parents and path.stat().st_size > 0, key
     for method in ("grpo", "twice"):
         rows = [json.loads(line) for line in (demo_dir / method / "metrics.jsonl").read_text().splitlines()]
         assert [r["update"] for r in rows] == [0, 1, 2, 2] and "eval" in rows[0] and "eval" in rows[-1], method

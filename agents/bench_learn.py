@@ -1,0 +1,198 @@
+"""``twice bench learn``: tabular softmax policies on SearchToy trained with each credit method.
+
+Every method starts from the same initial policy (:func:`~twice_envs.agents.search_toy.search_toy_policy`)
+and samples the same factual batches' noise seeds; after every update the policy's
+exact ``V(s0)`` is computed by dynamic programming, so a curve has no evaluation noise.
+Advantages come from :func:`~twice_envs.agents.twins.credit_step` (the project's
+estimators) with the lab's twin runners; Twice and CRR spend the same auxiliary budget
+``beta`` x policy tokens, VinePPO its ``K`` rollouts per state. The update is the
+policy gradient of the tabular softmax, ``theta[s] += lr mean_episodes sum_t A_t (e_a - pi(s)) / T``.
+
+Reported: mean curves with 95% bootstrap bands over seeds, each method's final value,
+realised auxiliary tokens over ``beta`` x policy tokens (Twice: after its warm-up),
+and the updates each method needs for its mean curve to reach GRPO's final mean value
+(CI: bootstrap over seeds; ``None`` where it never does within the run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from twice_envs.agents import credit_stats as cs
+from twice_envs.agents import toy
+from twice_envs.agents.credit import twice
+from twice_envs.agents.lab import add_setting_args, lab_runners, setting_from_args
+from twice_envs.agents.search_toy import SearchToyPolicy, SearchToySetting, search_toy_policy
+from twice_envs.agents.twins import credit_step
+from twice_envs.envs.searchtoy.env import transition
+from twice_envs.trajectory import atomic_write_text
+
+METHODS = ("grpo", "twice", "crr", "vineppo")
+
+
+@dataclass
+class LearnConfig:
+    """Sizes of ``twice bench learn`` (defaults: a few minutes on two shared cores)."""
+
+    setting: SearchToySetting = field(default_factory=SearchToySetting)
+    """World and initial policy."""
+    methods: tuple = METHODS
+    """Credit methods to train."""
+    seeds: int = 10
+    """Independent runs per method."""
+    updates: int = 30
+    """Policy-gradient updates per run."""
+    groups: int = 8
+    """GRPO groups per update."""
+    group_size: int = 5
+    """Episodes per group."""
+    lr: float = 1.0
+    """Step size of the tabular policy gradient."""
+    beta: float = 0.7
+    """Auxiliary budget of Twice and CRR."""
+    vine_k: int = 1
+    """VinePPO rollouts per state (1: its cheapest form)."""
+    warmup_updates: int = 3
+    """Twice's predictor warm-up (branch probability ``warmup_q``)."""
+    seed: int = 0
+    """Base seed."""
+
+
+def policy_gradient(policy: SearchToyPolicy, episodes, advantages) -> np.ndarray:
+    """Mean over episodes of ``sum_t A_t grad log pi(a_t | s_t)`` for the tabular softmax."""
+    grad = np.zeros_like(policy.logits)
+    n_act = policy.num_actions
+    for ep, adv in zip(episodes, advantages):
+        found, prev = 0, n_act
+        for turn, a_t in zip(ep.turns, adv):
+            a = policy.action_of(turn.text)
+            g = -policy.table[found, prev].copy()
+            g[a] += 1.0
+            grad[found, prev] += a_t * g / policy.temperature
+            found, prev = transition(policy.config, found, a), a
+    return grad / max(1, len(episodes))
+
+
+def train_one(method: str, seed: int, config: LearnConfig) -> tuple[list[float], list[int], list[int]]:
+    """One run: exact ``V(s0)`` before and after every update; aux and policy tokens per update."""
+    policy = search_toy_policy(config.setting)
+    tcfg = twice.TwiceConfig(beta=config.beta, warmup_updates=config.warmup_updates)
+    rng = np.random.default_rng([seed, 7])
+    state = None
+    values, aux, ptoks = [policy.value], [], []
+    for u in range(config.updates):
+        eps, envs = toy.toy_rollouts(policy, config.groups, config.group_size, noise_seed=seed * 100_003 + u)
+        tf, vf = lab_runners(envs)
+        res = credit_step(method, policy, eps, config=tcfg, sampling=None, rng=rng, update=u,
+                          noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k,
+                          twins_fn=tf, values_fn=vf)
+        state = res.predictor_state or state
+        aux.append(res.aux_tokens)
+        ptoks.append(sum(e.num_generated_tokens for e in eps))
+        policy = policy.with_logits(policy.logits + config.lr * policy_gradient(policy, eps, res.advantages))
+        values.append(policy.value)
+    return values, aux, ptoks
+
+
+def first_reach(curve: np.ndarray, target: float) -> Optional[int]:
+    hit = np.flatnonzero(curve >= target - 1e-12)
+    return int(hit[0]) if hit.size else None
+
+
+def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
+    """Train every method on every seed; return curves, CIs and updates-to-target."""
+    curves, tokens = {}, {}
+    for m in config.methods:
+        runs, a_tok, p_tok = [], [], []
+        for s in range(config.seeds):
+            v, a, p = train_one(m, config.seed + s, config)
+            runs.append(v)
+            a_tok.append(a)
+            p_tok.append(p)
+        curves[m] = np.array(runs)
+        a_tok, p_tok = np.array(a_tok), np.array(p_tok)
+        w = config.warmup_updates if m == "twice" else 0  # Twice's warm-up ignores the budget
+        tokens[m] = {"aux": int(a_tok.sum()), "policy": int(p_tok.sum()),
+                     "aux_per_policy": float(a_tok.sum() / p_tok.sum()),
+                     "budget_ratio": float(a_tok[:, w:].sum() / (config.beta * p_tok[:, w:].sum()))}
+        log(f"{m}: final V(s0) {curves[m][:, -1].mean():.3f}")
+    target = float(curves["grpo"][:, -1].mean()) if "grpo" in curves else float("nan")
+    rng = np.random.default_rng(config.seed)
+    out = {"config": asdict(config), "target": target, "methods": {}}
+    for m, c in curves.items():
+        mean = c.mean(axis=0)
+        boots = np.array([c[rng.integers(0, len(c), len(c))].mean(axis=0) for _ in range(1000)])
+        lo, hi = np.quantile(boots, 0.025, axis=0), np.quantile(boots, 0.975, axis=0)
+        reach = [first_reach(b, target) for b in boots]
+        reached = [r for r in reach if r is not None]
+        out["methods"][m] = {
+            "curve": mean.tolist(), "lo": lo.tolist(), "hi": hi.tolist(),
+            "final": cs.bootstrap_ci(np.mean, c[:, -1], seed=config.seed).as_dict(),
+            "updates_to_target": first_reach(mean, target),
+            "updates_to_target_ci": ([float(np.quantile(reached, 0.025)), float(np.quantile(reached, 0.975))]
+                                     if len(reached) == len(reach) else None),
+            "reached_share": len(reached) / len(reach),
+            **tokens[m],
+        }
+    return out
+
+
+def format_learn(res: dict) -> str:
+    lines = [f"exact V(s0): initial {res['methods'][next(iter(res['methods']))]['curve'][0]:.3f}; "
+             f"target = GRPO's final mean {res['target']:.3f}",
+             f"{'method':<9} {'final V(s0) [95% CI]':>24} {'updates to target [CI]':>26} {'aux/policy tok':>15} "
+             f"{'aux/(beta x policy)':>20}"]
+    for m, r in res["methods"].items():
+        f = r["final"]
+        ut = r["updates_to_target"]
+        ci = r["updates_to_target_ci"]
+        reach = "never" if ut is None else (f"{ut}" + (f" [{ci[0]:.0f}, {ci[1]:.0f}]" if ci else
+                                                         f" (reached in {100 * r['reached_share']:.0f}% of resamples)"))
+        lines.append(f"{m:<9} {f['value']:>8.3f} [{f['lo']:.3f}, {f['hi']:.3f}] {reach:>26} {r['aux_per_policy']:>15.2f} "
+                     f"{r['budget_ratio']:>20.3f}")
+    lines.append(f"(aux/(beta x policy): Twice after its {res['config']['warmup_updates']}-update predictor warm-up; "
+                 f"beta = {res['config']['beta']})")
+    return "\n".join(lines) + "\n"
+
+
+def write_learn(res: dict, out_dir: Path) -> dict:
+    from twice_envs.agents.plots import plot_bands
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "learn.json", json.dumps(res, indent=1))
+    n = len(next(iter(res["methods"].values()))["curve"])
+    png = plot_bands(np.arange(n), {m: (r["curve"], r["lo"], r["hi"]) for m, r in res["methods"].items()},
+                     out_dir / "learn.png", hline=res["target"])
+    return {"json": out_dir / "learn.json", "png": png}
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(prog="twice bench learn", description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, default=LearnConfig.seeds)
+    p.add_argument("--updates", type=int, default=LearnConfig.updates)
+    p.add_argument("--groups", type=int, default=LearnConfig.groups)
+    p.add_argument("--lr", type=float, default=LearnConfig.lr)
+    p.add_argument("--beta", type=float, default=LearnConfig.beta)
+    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench_learn")
+    add_setting_args(p)
+    a = p.parse_args(argv)
+    if "grpo" not in a.methods:
+        p.error("--methods must include grpo (its final value is the target)")
+    cfg = LearnConfig(setting=setting_from_args(a), methods=tuple(a.methods), seeds=a.seeds, updates=a.updates,
+                      groups=a.groups, lr=a.lr, beta=a.beta, seed=a.seed)
+    t0 = time.time()
+    res = run_learn(cfg, log=lambda m: print(f"[bench learn {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True))
+    print(format_learn(res), end="")
+    paths = write_learn(res, Path(a.out))
+    print("written: " + ", ".join(str(v) for v in paths.values()))
+    return 0

@@ -1,0 +1,418 @@
+"""The credit lab: every estimator scored against exact advantages, with bootstrap CIs.
+
+A lab policy (:mod:`.toy`, :mod:`.search_toy`) samples factual episodes through keyed
+noise; every decision's true advantage ``A*`` is exact. For the same decisions:
+
+* ``grpo``: ``U - mean_g U`` (the group baseline, utility units);
+* ``twice Jx``: diagnostic twin credit, every decision twinned, the mean of ``J``
+  independent pairs (pair 0: the factual episode and its coupled twin; pair ``j >= 1``:
+  a replica of the factual turn and a coupled twin, both on a fresh downstream seed);
+* ``twice-train``: the training-time credit ``A_hat`` of
+  :func:`~twice_envs.agents.twins.credit_step` (branch budget ``beta``, evidence coins,
+  inverse weights), after a predictor warm-up on other batches;
+* ``crr Jx``: the mean of ``J`` independent counterfactuals per decision;
+* ``vineppo Kx``: ``V(s_{t+1}) - V(s_t)`` from ``K`` rollouts per state.
+
+Each figure comes with a 95% percentile bootstrap CI that resamples GRPO groups
+(an episode's decisions and its group share outcomes): wrong-sign over ``|A*| >= 0.05``,
+zero-credit share, Pearson, MSE / GRPO's, the ``J``-pair ceiling, per-decision ``rho``
+and auxiliary tokens; then a per-turn breakdown and paired comparisons of Twice with
+each baseline at no more auxiliary tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+from twice_envs import NoiseSchedule, derive_episode_seed
+from twice_envs.agents import credit_stats as cs
+from twice_envs.agents import toy
+from twice_envs.agents.credit import twice, vineppo
+from twice_envs.agents.credit.predictor import decision_index
+from twice_envs.agents.search_toy import SearchToySetting, search_toy_policy
+from twice_envs.agents.twins import Twins, credit_step
+from twice_envs.agents.types import EpisodeRecord
+from twice_envs.trajectory import atomic_write_text
+from twice_envs.wrappers.twin import twin
+
+LAB_ENVS = ("SearchToy-v0", "CreditToy-v0")
+
+
+def lab_policy(env: str = "SearchToy-v0", setting: SearchToySetting = SearchToySetting()):
+    """The lab's initial policy for ``env``."""
+    if env == "SearchToy-v0":
+        return search_toy_policy(setting)
+    if env == "CreditToy-v0":
+        return toy.toy_policy()
+    raise ValueError(f"lab env must be one of {LAB_ENVS}, got {env!r}")
+
+
+# --------------------------------------------------------------------------- running credit on lab policies
+
+
+def lab_runners(envs: Sequence):
+    """``(twins_fn, values_fn)`` for :func:`~twice_envs.agents.twins.credit_step` on a lab
+    policy whose factual episodes live in ``envs`` (one pair, no star, per decision)."""
+
+    def twins_fn(policy, factual, decisions, config, sampling, rng, *, noise_seed=0) -> Twins:
+        if config.pairs != 1 or config.star != 1:
+            raise ValueError("lab twins run one pair and one alternative per decision")
+        coins = None
+        if config.skip_same_evidence or config.q_same < 1.0:
+            coins = lambda flags: twice.evidence_coins(flags, config, rng)  # noqa: E731
+        recs, kept = toy.lab_twins(policy, factual, envs, decisions, coupled=config.coupled,
+                                   fresh_salt=1 + noise_seed % 1_000_000, evidence_coins=coins)
+        return Twins(recs, kept, sum(r.num_generated_tokens for r in recs))
+
+    def values_fn(policy, factual, sampling, *, k=vineppo.K_ROLLOUTS, noise_seed=0) -> Twins:
+        recs = []
+        for j in range(1, k + 1):
+            recs += toy.toy_twins(policy, factual, envs, vineppo.value_states(factual), coupled=False, branch=j,
+                                  fresh_salt=2_000_000 + 97 * (noise_seed % 1_000_000) + j)
+        return Twins(recs, [True] * len(recs), sum(r.num_generated_tokens for r in recs))
+
+    return twins_fn, values_fn
+
+
+def replica_pairs(policy, episodes: Sequence[EpisodeRecord], envs: Sequence, decisions: Sequence[tuple[int, int]],
+                  pair: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Pair ``pair >= 1`` of every decision: ``(U_j, U'_j, aux tokens)``.
+
+    The replica takes the factual turn and the twin a fresh alternative (branch 1); both
+    then read the same fresh downstream seed, so they are coupled to each other and
+    independent of the factual episode.
+    """
+    u, u2, tokens = [], [], 0
+    reps, rep_recs, tws, tw_recs, alt_keys, alt_states, forks = [], [], [], [], [], [], []
+    for i, t in decisions:
+        ep = episodes[i]
+        sched = NoiseSchedule(derive_episode_seed(ep.options["noise_seed"], 5_000_011 * pair + t))
+        forks.append((envs[i].fork(t), envs[i].fork(t), sched))
+        alt_keys.append(sched.with_branch(t, 1).key(t))
+        alt_states.append(policy.state(forks[-1][1]))
+    alts = toy.sample_actions(policy, alt_states, alt_keys)
+    self_rows = []
+    for row, ((i, t), (f_rep, f_tw, sched), alt) in enumerate(zip(decisions, forks, alts)):
+        ep = episodes[i]
+        rep = twin(f_rep, ep.turns[t].text, sched, branch=2)  # forced turn: its branch only labels it
+        reps.append(rep)
+        rep_recs.append(EpisodeRecord(ep.env_id, ep.seed, dict(ep.options), group=ep.group))
+        if policy.action_text(alt) == ep.turns[t].text:
+            self_rows.append(row)  # the twin is the replica
+            tws.append(None)
+            tw_recs.append(None)
+            continue
+        tws.append(twin(f_tw, policy.action_text(alt), sched, branch=1))
+        tw_recs.append(EpisodeRecord(ep.env_id, ep.seed, dict(ep.options), group=ep.group))
+    live = [(e, r) for e, r in zip(reps, rep_recs)] + [(e, r) for e, r in zip(tws, tw_recs) if e is not None]
+    toy._run(policy, [e for e, _ in live], [r for _, r in live])
+    for rep, rr, tw, tr in zip(reps, rep_recs, tws, tw_recs):
+        # the replica's own turn is the factual one (not generated); the rest is auxiliary
+        tokens += rr.num_generated_tokens + 1
+        u.append(rr.utility)
+        if tw is None:
+            u2.append(rr.utility)
+        else:
+            tokens += tr.num_generated_tokens + 1
+            u2.append(tr.utility)
+    return np.array(u), np.array(u2), tokens
+
+
+# --------------------------------------------------------------------------- the audit
+
+
+@dataclass
+class LabAuditConfig:
+    """What the lab audit samples (defaults: the reported setting, about a minute on two cores)."""
+
+    env: str = "SearchToy-v0"
+    """Lab env: SearchToy-v0 or CreditToy-v0."""
+    setting: SearchToySetting = field(default_factory=SearchToySetting)
+    """SearchToy's world and initial policy (ignored for CreditToy)."""
+    groups: int = 240
+    """GRPO groups of factual episodes (every decision of every episode is audited)."""
+    group_size: int = 5
+    """Episodes per group."""
+    pairs: tuple = (1, 2, 4)
+    """``J`` values for Twice's diagnostic credit and CRR."""
+    vine_k: tuple = (1, 2)
+    """``K`` values for VinePPO."""
+    beta: float = 0.7
+    """Budget of the training-time Twice row."""
+    warmup_batches: int = 4
+    """Factual batches that fit the discordance predictor before the training-time row."""
+    threshold: float = cs.THRESHOLD
+    """``|A*|`` at least this counts for the wrong-sign rate."""
+    n_boot: int = 1000
+    """Bootstrap resamples."""
+    seed: int = 0
+    """Noise seed."""
+
+
+@dataclass
+class LabAuditResult:
+    """Per-decision values, the table with CIs, and the comparisons."""
+
+    config: LabAuditConfig
+    oracle: np.ndarray
+    groups: np.ndarray
+    turns: np.ndarray
+    credit: dict
+    aux_tokens: dict
+    pairs_of: dict
+    rows: list
+    per_turn: list
+    comparisons: list
+    policy_tokens: int
+    budget_ratio: float
+    value: float
+    rho: dict
+
+
+def _row_stats(name, c, oracle, grpo, pairs, aux, idx, threshold, rho=None) -> dict:
+    ws = lambda x, a: cs.wrong_sign_rate(x, a, threshold)  # noqa: E731
+    zs = lambda x, a: cs.zero_credit_share(x, a, threshold)  # noqa: E731
+    row = {
+        "method": name,
+        "aux_tokens": int(aux),
+        "wrong_sign": cs.bootstrap_ci(ws, c, oracle, indices=idx).as_dict(),
+        "zero_credit": cs.bootstrap_ci(zs, c, oracle, indices=idx).as_dict(),
+        "pearson": cs.bootstrap_ci(cs.pearson, c, oracle, indices=idx).as_dict(),
+        "mse_vs_grpo": cs.bootstrap_ci(cs.mse_ratio, c, oracle, grpo, indices=idx).as_dict(),
+    }
+    if pairs:
+        row["ceiling"] = cs.bootstrap_ci(lambda a: cs.one_pair_ceiling(a, pairs).pearson, oracle, indices=idx).as_dict()
+        row["ceiling_share"] = row["pearson"]["value"] / row["ceiling"]["value"]
+    if rho is not None:
+        row["rho_bar"] = cs.bootstrap_ci(cs.per_decision_rho, *rho, indices=idx).as_dict()
+    return row
+
+
+def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log=lambda m: None) -> LabAuditResult:
+    """Sample, compute every row's credit, and summarise it (see the module)."""
+    policy = policy if policy is not None else lab_policy(config.env, config.setting)
+    eps, envs = toy.toy_rollouts(policy, config.groups, config.group_size, noise_seed=config.seed)
+    index = decision_index(eps)
+    oracle = np.concatenate(toy.exact_advantages(policy, eps))
+    v_before = np.concatenate([policy.episode_values([policy.action_of(t.text) for t in e.turns]) for e in eps])
+    u = np.array([e.utility for e in eps])
+    g = np.array([e.group for e in eps])
+    groups = np.array([g[i] for i, _ in index])
+    turns = np.array([t for _, t in index])
+    u1 = np.array([u[i] for i, _ in index])
+    ptoks = sum(e.num_generated_tokens for e in eps)
+    log(f"lab audit: {len(eps)} episodes, {len(index)} decisions with exact A*")
+
+    credit, aux, pairs_of, rho = {}, {}, {}, {}
+    credit["grpo"], aux["grpo"], pairs_of["grpo"] = np.array([u[i] - u[g == g[i]].mean() for i, _ in index]), 0, 0
+    # Twice, diagnostic: pair 0 against the factual episode, further pairs from replicas
+    tw = toy.toy_twins(policy, eps, envs, index, coupled=True, branch=1)
+    d_pairs = [u1 - np.array([w.utility for w in tw])]
+    pair_tokens = [sum(w.num_generated_tokens for w in tw)]
+    rho["twice"] = (u1, u1 - d_pairs[0], v_before + oracle, v_before)
+    for j in range(1, max(config.pairs)):
+        a, b, k = replica_pairs(policy, eps, envs, index, j)
+        d_pairs.append(a - b)
+        pair_tokens.append(k)
+    for J in config.pairs:
+        name = f"twice J{J}"
+        credit[name], aux[name], pairs_of[name] = np.mean(d_pairs[:J], axis=0), sum(pair_tokens[:J]), J
+    # CRR: independent counterfactuals against the factual episode
+    cf = []
+    for j in range(max(config.pairs)):
+        recs = toy.toy_twins(policy, eps, envs, index, coupled=False, branch=1 + j, fresh_salt=7 + j)
+        cf.append((u1 - np.array([w.utility for w in recs]), sum(w.num_generated_tokens for w in recs)))
+    rho["crr"] = (u1, u1 - cf[0][0], v_before + oracle, v_before)
+    for J in config.pairs:
+        name = f"crr J{J}"
+        credit[name] = np.mean([c for c, _ in cf[:J]], axis=0)
+        aux[name], pairs_of[name] = sum(k for _, k in cf[:J]), J
+    # VinePPO
+    # VinePPO: the K-rollout rows share their first rollouts (rollout j is on branch j)
+    _, values_fn = lab_runners(envs)
+    vals = values_fn(policy, eps, None, k=max(config.vine_k), noise_seed=config.seed + 31)
+    for K in config.vine_k:
+        recs = [r for r in vals.records if r.branch <= K]
+        credit[f"vineppo K{K}"] = np.concatenate(vineppo.vine_credit(eps, recs))
+        aux[f"vineppo K{K}"], pairs_of[f"vineppo K{K}"] = sum(r.num_generated_tokens for r in recs), 0
+    # Twice at training time: the real credit step after a predictor warm-up
+    a_hat, train_aux = training_time_twice(policy, eps, envs, config)
+    credit["twice-train"], aux["twice-train"], pairs_of["twice-train"] = a_hat, train_aux, 0
+    log("lab audit: credit computed; bootstrapping")
+
+    idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=groups, seed=config.seed))
+    rows = [_row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
+                       rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
+    per_turn = per_turn_table(oracle, credit, turns, config.threshold)
+    comparisons = equal_token_comparisons(oracle, credit, aux, idx, config.threshold)
+    budget = train_aux / (config.beta * ptoks)
+    return LabAuditResult(config, oracle, groups, turns, credit, aux, pairs_of, rows, per_turn, comparisons, ptoks,
+                          budget, float(np.mean(u)), {})
+
+
+def training_time_twice(policy, eps, envs, config: LabAuditConfig) -> tuple[np.ndarray, int]:
+    """``A_hat`` (utility units) of the training-time estimator on the audit batch, and its aux tokens."""
+    tcfg = twice.TwiceConfig(beta=config.beta, warmup_updates=config.warmup_batches, trajectory_term=False, omega=1.0)
+    rng = np.random.default_rng(config.seed + 17)
+    state = None
+    for w in range(config.warmup_batches):
+        weps, wenvs = toy.toy_rollouts(policy, max(8, config.groups // 4), config.group_size,
+                                       noise_seed=config.seed + 1000 + w)
+        tf, vf = lab_runners(wenvs)
+        res = credit_step("twice", policy, weps, config=tcfg, sampling=None, rng=rng, update=w,
+                          noise_seed=config.seed + w, predictor_state=state, twins_fn=tf, values_fn=vf)
+        state = res.predictor_state
+    tf, vf = lab_runners(envs)
+    res = credit_step("twice", policy, eps, config=tcfg, sampling=None, rng=rng, update=config.warmup_batches,
+                      noise_seed=config.seed + 999, predictor_state=state, twins_fn=tf, values_fn=vf)
+    scale = twice.sigma_hat([e.utility for e in eps], tcfg.sigma_min)
+    return np.concatenate(res.advantages) * scale, res.aux_tokens
+
+
+def per_turn_table(oracle, credit, turns, threshold, methods=("grpo", "twice J1", "crr J1", "vineppo K2")) -> list[dict]:
+    """Pearson and wrong-sign per turn index (turns past 5 pooled)."""
+    out = []
+    bins = np.minimum(turns, 6)
+    for b in np.unique(bins):
+        sel = bins == b
+        row = {"turn": f"{b}+" if b == 6 else str(b), "decisions": int(sel.sum())}
+        for m in methods:
+            if m in credit:
+                row[f"{m} pearson"] = cs.pearson(credit[m][sel], oracle[sel])
+                row[f"{m} wrong_sign"] = cs.wrong_sign_rate(credit[m][sel], oracle[sel], threshold)
+        out.append(row)
+    return out
+
+
+def equal_token_comparisons(oracle, credit, aux, idx, threshold) -> list[dict]:
+    """Twice (the most pairs within each baseline's auxiliary tokens) against each baseline:
+    paired differences of Pearson and wrong-sign rate with bootstrap CIs."""
+    ws = lambda x, a: cs.wrong_sign_rate(x, a, threshold)  # noqa: E731
+    twices = sorted((aux[n], n) for n in credit if n.startswith("twice J"))
+    out = []
+    for base in credit:
+        if not base.startswith(("crr", "vineppo", "grpo")):
+            continue
+        within = [n for k, n in twices if k <= aux[base]] or [twices[0][1]]
+        tw = within[-1]
+        for fig, stat in (("pearson", cs.pearson), ("wrong_sign", ws)):
+            c = cs.compare(stat, (credit[tw], oracle), (credit[base], oracle), indices=idx)
+            row = {"twice": tw, "baseline": base, "figure": fig, "twice_tokens": int(aux[tw]),
+                   "baseline_tokens": int(aux[base]), **c.as_dict()}
+            if fig == "wrong_sign":
+                ratio = lambda x, y, a: ws(x, a) / ws(y, a) if ws(y, a) > 0 else float("nan")  # noqa: E731
+                row["ratio"] = cs.bootstrap_ci(ratio, credit[tw], credit[base], oracle, indices=idx).as_dict()
+            out.append(row)
+    return out
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _ci(e: dict, pct: bool = False) -> str:
+    f = 100.0 if pct else 1.0
+    if not np.isfinite(e["value"]):
+        return "n/a"
+    return f"{e['value'] * f:.3g} [{e['lo'] * f:.3g}, {e['hi'] * f:.3g}]"
+
+
+def format_lab(res: LabAuditResult) -> str:
+    out = io.StringIO()
+    n_big = int(np.sum(np.abs(res.oracle) >= res.config.threshold))
+    out.write(f"{res.config.env}: {len(res.oracle)} decisions with exact A* ({n_big} with |A*| >= "
+              f"{res.config.threshold}), policy tokens {res.policy_tokens}, mean utility {res.value:.3f}; "
+              "95% bootstrap CIs over groups\n")
+    out.write(f"{'method':<12} {'aux tok':>8} {'wrong-sign %':>20} {'zero %':>18} {'Pearson':>20} "
+              f"{'MSE/GRPO':>20} {'ceiling':>8} {'rho-bar':>20}\n")
+    for r in res.rows:
+        ceil = f"{r['ceiling']['value']:.3f}" if "ceiling" in r else ""
+        rb = _ci(r["rho_bar"]) if "rho_bar" in r else ""
+        out.write(f"{r['method']:<12} {r['aux_tokens']:>8d} {_ci(r['wrong_sign'], True):>20} "
+                  f"{_ci(r['zero_credit'], True):>18} {_ci(r['pearson']):>20} {_ci(r['mse_vs_grpo']):>20} "
+                  f"{ceil:>8} {rb:>20}\n")
+    out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {res.budget_ratio:.3f}\n")
+    out.write("per turn (Pearson / wrong-sign %):\n")
+    for r in res.per_turn:
+        cells = "  ".join(f"{m}: {r[m + ' pearson']:.2f}/{100 * r[m + ' wrong_sign']:.0f}"
+                          for m in ("grpo", "twice J1", "crr J1", "vineppo K2") if m + " pearson" in r)
+        out.write(f"  turn {r['turn']:<3} n={r['decisions']:<5} {cells}\n")
+    out.write("Twice vs baselines at no more auxiliary tokens (difference, 95% CI, significant?):\n")
+    for c in res.comparisons:
+        d = c["diff"]
+        out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
+                  f"({c['baseline_tokens']} tok): {d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                  f"{'significant' if c['significant'] else 'not significant'}"
+                  + (f"; ratio {_ci(c['ratio'])}" if "ratio" in c else "") + "\n")
+    return out.getvalue()
+
+
+def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
+    """``lab_audit.json``, ``lab_decisions.csv`` and ``lab_scatter.png``; returns their paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg = asdict(res.config)
+    doc = {"config": cfg, "rows": res.rows, "per_turn": res.per_turn, "comparisons": res.comparisons,
+           "policy_tokens": res.policy_tokens, "budget_ratio": res.budget_ratio, "decisions": len(res.oracle)}
+    atomic_write_text(out_dir / "lab_audit.json", json.dumps(doc, indent=1, default=float))
+    buf = io.StringIO()
+    names = list(res.credit)
+    buf.write(",".join(["group", "turn", "oracle"] + names) + "\n")
+    for k in range(len(res.oracle)):
+        buf.write(",".join([str(res.groups[k]), str(res.turns[k]), f"{res.oracle[k]:.6g}"]
+                           + [f"{res.credit[n][k]:.6g}" for n in names]) + "\n")
+    atomic_write_text(out_dir / "lab_decisions.csv", buf.getvalue())
+    from twice_envs.agents.plots import plot_credit_scatter
+
+    png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in ("grpo", "twice J1", "twice-train", "crr J1",
+                                                                      "vineppo K2") if n in res.credit},
+                              {n: res.pairs_of[n] for n in res.credit}, {r["method"]: r for r in res.rows},
+                              out_dir / "lab_scatter.png")
+    return {"json": out_dir / "lab_audit.json", "csv": out_dir / "lab_decisions.csv", "png": png}
+
+
+def setting_from_args(a) -> SearchToySetting:
+    s = SearchToySetting()
+    kw = {k: getattr(a, k) for k in ("hops", "queries", "useful", "horizon", "reward", "wording", "temperature")
+          if getattr(a, k, None) is not None}
+    return replace(s, **kw)
+
+
+def add_setting_args(p: argparse.ArgumentParser) -> None:
+    for k in ("hops", "queries", "useful", "horizon"):
+        p.add_argument(f"--{k}", type=int, default=None, help=f"SearchToy {k} (default {getattr(SearchToySetting, k)})")
+    p.add_argument("--reward", choices=("binary", "graded"), default=None)
+    p.add_argument("--wording", type=float, default=None, help="policy's dependence on its previous action (default 1)")
+    p.add_argument("--temperature", type=float, default=None)
+
+
+def lab_main(argv: Sequence[str]) -> int:
+    """``twice audit --env SearchToy-v0 [--pairs J ...]``: the lab audit."""
+    p = argparse.ArgumentParser(prog="twice audit", description="Credit lab audit against exact advantages.")
+    p.add_argument("--env", default="SearchToy-v0", choices=LAB_ENVS)
+    p.add_argument("--groups", type=int, default=LabAuditConfig.groups)
+    p.add_argument("--pairs", type=int, nargs="+", default=list(LabAuditConfig.pairs), help="J values")
+    p.add_argument("--vine-k", type=int, nargs="+", default=list(LabAuditConfig.vine_k), help="K values")
+    p.add_argument("--beta", type=float, default=LabAuditConfig.beta)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--n-boot", type=int, default=LabAuditConfig.n_boot)
+    p.add_argument("--out", default="runs/lab_audit")
+    add_setting_args(p)
+    a = p.parse_args(argv)
+    if min(a.pairs) < 1 or min(a.vine_k) < 1:
+        p.error("--pairs and --vine-k must be >= 1")
+    cfg = LabAuditConfig(env=a.env, setting=setting_from_args(a), groups=a.groups, pairs=tuple(sorted(set(a.pairs))),
+                         vine_k=tuple(sorted(set(a.vine_k))), beta=a.beta, seed=a.seed, n_boot=a.n_boot)
+    t0 = time.time()
+    res = run_lab_audit(cfg, log=lambda m: print(f"[{time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True))
+    print(format_lab(res), end="")
+    paths = write_lab(res, Path(a.out))
+    print("written: " + ", ".join(str(v) for v in paths.values()))
+    return 0

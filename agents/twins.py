@@ -1,0 +1,247 @@
+"""Running the auxiliary rollouts each estimator needs, and turning them into advantages.
+
+The estimators in :mod:`twice_envs.agents.credit` are pure functions; this module runs
+the policy for them: it asks :mod:`twice_envs.agents.rollout` for twins,
+counterfactuals or value rollouts, counts the auxiliary tokens they cost, and hands
+the records to the estimators.
+
+Twice's evidence coin needs the alternative turn's observation *before* deciding
+whether to continue the twin, so twins are run in two phases
+(:func:`~twice_envs.agents.rollout.start_twins`, then
+:func:`~twice_envs.agents.rollout.finish_twins` for the twins the coins keep), and the
+sampled alternative turn is carried as its token ids throughout. A twin dropped by the
+evidence coin costs only its alternative turn.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+
+from twice_envs.agents.credit import crr, grpo, predictor, twice, vineppo
+from twice_envs.agents.types import EpisodeRecord
+from twice_envs.keys import UINT64_MAX, seed_sequence_uint64
+
+METHODS = ("grpo", "twice", "crr", "vineppo")
+
+
+def fresh_seed(noise_seed: int, episode: int, turn: int, branch: int) -> int:
+    """A fresh 64-bit episode seed for an independent continuation (stable everywhere)."""
+    return seed_sequence_uint64([int(noise_seed) & UINT64_MAX, episode, turn, branch, 0x435252])
+
+
+@dataclass
+class Twins:
+    """The twins of a batch.
+
+    Attributes:
+        records: one record per twin, in request order (``twin_of`` names the decision).
+        kept: the evidence coin of each twin (always True where there is no coin).
+        aux_tokens: tokens generated for them (alternative turns, continuations and the
+            replicas of independent pairs).
+        replicas: the factual side of every independent pair ``j >= 1`` that was run
+            (``twin_of`` and ``pair`` name it; its utility is the pair's ``U_j``).
+    """
+
+    records: list[EpisodeRecord] = field(default_factory=list)
+    kept: list[bool] = field(default_factory=list)
+    aux_tokens: int = 0
+    replicas: list[EpisodeRecord] = field(default_factory=list)
+
+
+def _factual_turn(ep: EpisodeRecord, turn: int):
+    from twice_envs.agents.policy import Generation
+
+    t = ep.turns[turn]
+    return Generation(t.text, list(t.token_ids), list(t.logprobs), t.entropy, "factual")
+
+
+def run_twins(
+    policy,
+    factual: Sequence[EpisodeRecord],
+    decisions: Sequence[tuple[int, int]],
+    config: twice.TwiceConfig,
+    sampling,
+    rng: np.random.Generator,
+    *,
+    noise_seed: int = 0,
+) -> Twins:
+    """``J`` pairs of ``K`` twins per decision (``config.pairs``, ``config.star``), with evidence coins.
+
+    Phase 1 samples every alternative turn and steps it; a twin whose alternative ended
+    the episode has its outcome then (exponent 0, kept), a self-twin (the factual token
+    ids, with the shortcut) is the factual episode. The evidence coin
+    ``S ~ Bern(q_same^e)`` then decides which of the others are continued in phase 2,
+    with the sampled token ids carried as they are. Without the self-twin shortcut an
+    identical alternative goes through the coin and is continued like any other twin.
+
+    Pair ``j >= 1`` replays the factual turn (its token ids) on a fresh seed ``s_j`` and
+    samples its alternatives with keys ``(s_j, t, k)``, continuing both on ``s_j``; the
+    replica is run only when one of its twins is continued.
+    """
+    from twice_envs.agents.rollout import BranchRequest, finish_twins, start_twins
+
+    if config.pairs < 1 or config.star < 1:
+        raise ValueError(f"pairs (J) and star (K) must be >= 1, got {config.pairs} and {config.star}")
+    requests, replicas = [], []
+    for i, t in decisions:
+        for j in range(config.pairs):
+            pair_seed = None if j == 0 else fresh_seed(noise_seed, i, t, 10_000 + j)
+            if j > 0 and config.coupled:
+                replicas.append((i, t, j, BranchRequest(i, t, branch=1, coupled=False, noise_seed=pair_seed,
+                                                        alternative=_factual_turn(factual[i], t))))
+            for k in range(1, config.star + 1):
+                if config.coupled:
+                    coupled, seed = j == 0, pair_seed
+                else:  # independent counterfactuals: every twin on its own fresh seed
+                    coupled, seed = False, fresh_seed(noise_seed, i, t, 100 * j + k)
+                requests.append((j, BranchRequest(i, t, branch=k, coupled=coupled, noise_seed=seed)))
+    if not requests:
+        return Twins()
+    shortcut = config.self_twin_shortcut and config.coupled
+    starts = start_twins(policy, factual, [r for _, r in requests], sampling=sampling, detect_self_twins=shortcut)
+    out = Twins()
+    for (j, req), st in zip(requests, starts):
+        rec = st.record
+        rec.pair, rec.coupled = j, config.coupled
+        # within a coupled pair j >= 1 the factual turn's token ids make a self-twin of the replica
+        if shortcut and j > 0 and list(rec.turns[0].token_ids) == list(factual[req.episode].turns[req.turn].token_ids):
+            st.live = None
+            rec.self_twin = True
+        out.aux_tokens += rec.turns[0].num_tokens
+    # a self-twin is the factual episode: nothing to keep or drop, so no coin is drawn for it
+    coined = [m for m, st in enumerate(starts) if not st.record.self_twin]
+    kept = [True] * len(starts)
+    for m, k in zip(coined, twice.evidence_coins([twice.evidence_exponent(starts[m].record) for m in coined],
+                                                 config, rng)):
+        kept[m] = bool(k)
+    for st, k in zip(starts, kept):
+        if not k:
+            st.live = None  # dropped: costs only its alternative turn
+    # replicas of the pairs that have a kept twin that is not a self-twin
+    needed = {(st.record.twin_of[0], st.record.twin_of[1], st.record.pair) for st, k in zip(starts, kept)
+              if k and st.record.pair > 0 and not st.record.self_twin}
+    rep = [(key, r) for (i, t, j, r) in replicas if (key := (i, t, j)) in needed]
+    rep_starts = start_twins(policy, factual, [r for _, r in rep], sampling=sampling, detect_self_twins=False)
+    continued = [st for st in starts if not st.done] + rep_starts
+    before = {id(st): st.record.num_generated_tokens for st in continued}
+    finish_twins(policy, continued, sampling=sampling)
+    out.aux_tokens += sum(st.record.num_generated_tokens - before[id(st)] for st in continued)
+    out.aux_tokens += sum(st.record.turns[0].num_tokens for st in rep_starts)
+    pair_u = {}
+    for (key, _), st in zip(rep, rep_starts):
+        st.record.pair = key[2]
+        pair_u[key] = st.record.utility
+        out.replicas.append(st.record)
+    for st, k in zip(starts, kept):
+        rec = st.record
+        if rec.pair > 0 and config.coupled:
+            key = (rec.twin_of[0], rec.twin_of[1], rec.pair)
+            if rec.self_twin:
+                rec.pair_utility = None  # D = 0 whatever U_j is
+            elif k:
+                rec.pair_utility = pair_u[key]
+        out.records.append(rec)
+        out.kept.append(k)
+    return out
+
+
+def run_value_rollouts(policy, factual: Sequence[EpisodeRecord], sampling, *, k: int = vineppo.K_ROLLOUTS,
+                       noise_seed: int = 0) -> Twins:
+    """VinePPO's ``k`` independent rollouts from every turn boundary of every episode."""
+    from twice_envs.agents.rollout import BranchRequest, branch_rollouts
+
+    requests = [BranchRequest(i, t, branch=j, coupled=False, noise_seed=fresh_seed(noise_seed, i, t, 1000 + j))
+                for i, t in vineppo.value_states(factual) for j in range(1, k + 1)]
+    recs = branch_rollouts(policy, factual, requests, sampling=sampling) if requests else []
+    return Twins(recs, [True] * len(recs), sum(r.num_generated_tokens for r in recs))
+
+
+@dataclass
+class CreditResult:
+    """What a credit step produced.
+
+    Attributes:
+        advantages: one array of per-turn advantages per factual episode.
+        aux_tokens: auxiliary tokens generated.
+        stats: diagnostics for the metrics file.
+        predictor_state: the updated discordance predictor (Twice).
+    """
+
+    advantages: list[np.ndarray]
+    aux_tokens: int = 0
+    stats: dict = field(default_factory=dict)
+    predictor_state: Optional[predictor.PredictorState] = None
+
+
+def credit_step(
+    method: str,
+    policy,
+    factual: Sequence[EpisodeRecord],
+    *,
+    config: twice.TwiceConfig,
+    sampling,
+    rng: np.random.Generator,
+    update: int,
+    noise_seed: int,
+    predictor_state: Optional[predictor.PredictorState] = None,
+    vine_k: int = vineppo.K_ROLLOUTS,
+    twins_fn=None,
+    values_fn=None,
+) -> CreditResult:
+    """Run what ``method`` needs and return the per-turn advantages of ``factual``.
+
+    ``twins_fn`` / ``values_fn`` replace :func:`run_twins` / :func:`run_value_rollouts`
+    (same signatures) for policies that are not LLMs (the credit lab's)."""
+    run_twins_ = twins_fn or run_twins
+    run_values_ = values_fn or run_value_rollouts
+    if method == "grpo":
+        return CreditResult(grpo.grpo_credit(factual))
+    if method == "vineppo":
+        vals = run_values_(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
+        return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
+    state = predictor_state or predictor.PredictorState()
+    util = [ep.utility for ep in factual]
+    if method == "crr":
+        cfg = crr.crr_config(config)
+        plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
+        tw = run_twins_(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
+        credit = twice.twin_credit(factual, tw.records, plan, tw.kept, cfg)
+        scale = twice.twin_scale(util, cfg, state.twin_rms)
+        stats = twice.twin_stats(credit, plan, tw.records, omega=cfg.omega, scale=scale)
+        state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                         float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(cfg))
+        state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
+        stats["cost_scale"] = state.cost_scale
+        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)
+    if method != "twice":
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    X = predictor.decision_features(factual)
+    eta = predictor.predict(state, X)
+    mixed = config.branching == "mixed"
+    success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
+    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale, success=success)
+    tw = run_twins_(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
+    credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
+    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
+    scale = twice.twin_scale(util, config, state.twin_rms)
+    stats = twice.twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
+    state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                     float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
+    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
+    stats["cost_scale"] = state.cost_scale
+    # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
+    rows, labels, weights = [], [], []
+    for (r, u, v, e, kept) in credit.pairs:
+        if kept:
+            rows.append(r)
+            labels.append(float(u != v))
+            weights.append(1.0 / (plan.q[r] * config.q_same**e))
+    stats["predictor_auc"] = predictor.auc(eta[rows], labels) if rows else float("nan")
+    stats["discordance"] = float(np.mean(labels)) if labels else float("nan")
+    new_state = predictor.sgd_update(state, X[rows], np.array(labels), np.array(weights), rng) if rows else state
+    if mixed:
+        new_state = predictor.fit_success(new_state, factual, rng)
+    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, config, scale), tw.aux_tokens, stats, new_state)

@@ -1,0 +1,81 @@
+"""The credit lab audit and bench learn on small SearchToy settings."""
+
+import numpy as np
+import pytest
+
+from twice_envs.agents import bench_learn, lab
+from twice_envs.agents.search_toy import SearchToySetting
+
+
+@pytest.fixture(scope="module")
+def small_audit():
+    cfg = lab.LabAuditConfig(groups=40, pairs=(1, 2), vine_k=(1,), warmup_batches=2, n_boot=200, seed=3)
+    return lab.run_lab_audit(cfg)
+
+
+def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
+    res = small_audit
+    rows = {r["method"]: r for r in res.rows}
+    assert set(rows) == {"grpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "twice-train"}
+    for r in res.rows:
+        for fig in ("wrong_sign", "pearson", "mse_vs_grpo"):
+            e = r[fig]
+            assert e["lo"] <= e["value"] <= e["hi"], (r["method"], fig, e)
+    # coupling: a twin's sign errors are rarer than an independent counterfactual's, clearly
+    cmp = next(c for c in res.comparisons if c["baseline"] == "crr J1" and c["figure"] == "wrong_sign")
+    assert cmp["twice"] == "twice J1" and cmp["significant"] and cmp["diff"]["hi"] < 0
+    assert cmp["ratio"]["value"] == pytest.approx(rows["twice J1"]["wrong_sign"]["value"] / rows["crr J1"]["wrong_sign"]["value"])
+    assert cmp["ratio"]["hi"] < 1
+    # two pairs beat one; every Pearson stays under its J-pair ceiling (up to sampling noise)
+    assert rows["twice J2"]["pearson"]["value"] > rows["twice J1"]["pearson"]["value"]
+    for name in ("twice J1", "twice J2", "crr J1"):
+        assert rows[name]["pearson"]["lo"] <= rows[name]["ceiling"]["value"]
+    # within-decision correlation of twins is positive and CRR's about zero
+    assert rows["twice J1"]["rho_bar"]["lo"] > 0.2
+    assert abs(rows["crr J1"]["rho_bar"]["value"]) < 0.1
+    assert 0.8 < res.budget_ratio < 1.25
+    assert "significant" in lab.format_lab(res)
+
+
+def test_lab_outputs(small_audit, tmp_path):
+    paths = lab.write_lab(small_audit, tmp_path)
+    assert paths["png"].stat().st_size > 5000
+    lines = paths["csv"].read_text().splitlines()
+    assert len(lines) == 1 + len(small_audit.oracle)
+
+
+def test_twice_audit_cli_dispatches_to_the_lab(tmp_path, capsys):
+    from twice_envs.agents.audit import audit_main
+
+    assert audit_main(["--env", "SearchToy-v0", "--groups", "12", "--pairs", "1", "--vine-k", "1", "--n-boot", "50",
+                       "--hops", "2", "--out", str(tmp_path)]) == 0
+    assert "twice J1" in capsys.readouterr().out
+
+
+def test_policy_gradient_points_uphill_on_the_exact_value():
+    # the sampled REINFORCE gradient with exact advantages points uphill: one step raises exact V(s0)
+    from twice_envs.agents import toy
+    from twice_envs.agents.search_toy import search_toy_policy
+
+    p = search_toy_policy(SearchToySetting())
+    eps, _ = toy.toy_rollouts(p, 200, 5, noise_seed=9)
+    g = bench_learn.policy_gradient(p, eps, toy.exact_advantages(p, eps))
+    eps_fd = 1e-4
+    # directional derivative of the exact V(s0) along g, by finite differences
+    fd = (p.with_logits(p.logits + eps_fd * g).value - p.with_logits(p.logits - eps_fd * g).value) / (2 * eps_fd)
+    assert fd > 0
+    step = p.with_logits(p.logits + 1.0 * g)
+    assert step.value > p.value + 0.005
+
+
+def test_bench_learn_small():
+    cfg = bench_learn.LearnConfig(seeds=2, updates=4, groups=4, methods=("grpo", "twice"))
+    res = bench_learn.run_learn(cfg)
+    for m in ("grpo", "twice"):
+        r = res["methods"][m]
+        assert len(r["curve"]) == 5 and r["curve"][0] == pytest.approx(res["methods"]["grpo"]["curve"][0])
+        assert all(lo <= c + 1e-12 and c <= hi + 1e-12 for c, lo, hi in zip(r["curve"], r["lo"], r["hi"]))
+    assert res["methods"]["grpo"]["curve"][-1] > res["methods"]["grpo"]["curve"][0]  # learning happens
+    assert res["methods"]["grpo"]["aux"] == 0 and res["methods"]["twice"]["aux"] > 0
+    assert res["methods"]["grpo"]["budget_ratio"] == 0 and res["methods"]["twice"]["budget_ratio"] > 0
+    assert "updates to target" in bench_learn.format_learn(res)

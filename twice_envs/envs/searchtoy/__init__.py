@@ -1,0 +1,1 @@
+"""SearchToy: a multi-hop search MDP small enough for exact values (see :mod:`.env`)."""

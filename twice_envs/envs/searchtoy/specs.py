@@ -1,0 +1,12 @@
+"""SearchToy env ids (entry points are strings: nothing heavy is imported here)."""
+
+from __future__ import annotations
+
+import twice_envs
+
+twice_envs.register(
+    "SearchToy-v0",
+    "twice_envs.envs.searchtoy.env:SearchToyEnv",
+    description="credit lab: multi-hop search MDP with exact values (3 facts, 8 queries, 4 useful, horizon 10)",
+    override=True,
+)
