@@ -7,18 +7,29 @@ advantage ``A* = V(s_{t+1}) - V(s_t)`` from many independent rollouts per state
 (``V(s_T) = U`` at the end), and compute each estimator's credit for the same
 decisions, before any normalisation, in utility units:
 
-* GRPO: ``U - mean_g U`` broadcast to every turn;
-* Twice: ``D = U - U'`` of one coupled twin per decision;
-* CRR: ``U - U'`` of one independent counterfactual per decision;
-* VinePPO: ``V(s_{t+1}) - V(s_t)`` from ``K = 2`` rollouts per state.
+* ``grpo``: ``U - mean_g U`` broadcast to every turn;
+* ``twice Jx`` (diagnostic): every decision twinned, the mean of ``D = U_j - U'_j``
+  over ``J`` independent pairs (pair 0: the factual episode and its coupled twin;
+  pair ``j >= 1``: a replica of the factual turn and a twin, both on a fresh seed);
+* ``twice-train``: the training-time twin credit ``A_hat`` of
+  :func:`~twice_envs.agents.twins.credit_step` (budget ``beta`` with the square-root
+  rule and an untrained predictor, evidence coins, inverse weights), and
+  ``twice-train+traj``: ``(U - mean_g U) + omega A_hat``, the trainer's advantage
+  before the batch scale;
+* ``crr Jx``: the mean of ``U - U'`` over ``J`` independent counterfactuals;
+* ``vineppo Kx``: ``V(s_{t+1}) - V(s_t)`` from ``K`` rollouts per state.
 
-Every decision gets a twin here (``q = 1``), so the table compares the twins
-themselves; in training the inverse weights make the sampled version unbiased for
-the same quantity. Reported per method: wrong-sign rate among decisions with
-``|A*| >= 0.05`` (credit strictly of the opposite sign), the share of zero credit
-there, MSE relative to GRPO's, Pearson correlation with ``A*`` and auxiliary tokens;
-and for twin vs independent pairs: the correlation ``rho`` of ``(U, U')``, the tie
-share (``U' = U``) and the reversal share (``D`` of the opposite sign to ``A*``).
+Every figure has a 95% percentile bootstrap CI that resamples audited episodes
+(their decisions share outcomes): wrong-sign rate among decisions with
+``|A*| >= 0.05`` (credit strictly of the opposite sign), zero-credit share there,
+Pearson correlation with ``A*``, MSE relative to GRPO's, the ``J``-pair ceiling
+(:func:`~twice_envs.agents.credit_stats.one_pair_ceiling`), per-decision ``rho-bar``
+(pairs centred on the oracle values ``V(s_{t+1})`` and ``V(s_t)``) and auxiliary tokens;
+then a per-turn breakdown and paired comparisons of Twice against each baseline at no
+more auxiliary tokens. The oracle is itself an estimate (``oracle_rollouts`` per
+state): its noise adds the same amount to every method's MSE and lowers every Pearson.
+The lab envs (exact ``A*``) go through :mod:`twice_envs.agents.lab`, which computes
+the rows with the same functions.
 """
 
 from __future__ import annotations
@@ -28,16 +39,16 @@ import csv
 import io
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs.agents import credit_stats as cs
+from twice_envs.agents.lab import _ci, _row_stats, equal_token_comparisons, per_turn_table
 from twice_envs.agents.twins import fresh_seed
 from twice_envs.trajectory import atomic_write_text
-
-METHODS = ("grpo", "twice", "crr", "vineppo")
 
 
 @dataclass
@@ -61,10 +72,19 @@ class AuditConfig:
     """GRPO group size (the group gives GRPO's baseline)."""
     oracle_rollouts: int = 16
     """Independent rollouts per state for the oracle values."""
-    vine_k: int = 2
-    """VinePPO rollouts per state."""
-    threshold: float = 0.05
+    pairs: tuple = (1,)
+    """``J`` values: independent pairs per decision for Twice's diagnostic row and
+    counterfactuals per decision for CRR."""
+    vine_k: tuple = (2,)
+    """``K`` values: VinePPO rollouts per state."""
+    training_row: bool = True
+    """Also run the training-time Twice credit (``twice-train`` rows)."""
+    beta: float = 0.7
+    """Auxiliary budget of the training-time row."""
+    threshold: float = cs.THRESHOLD
     """Decisions with ``|A*|`` at least this count for the wrong-sign rate."""
+    n_boot: int = 1000
+    """Bootstrap resamples."""
     max_new_tokens: int = 128
     """Tokens per turn."""
     max_turns: Optional[int] = 4
@@ -79,19 +99,38 @@ class AuditConfig:
 
 @dataclass
 class AuditResult:
-    """Per-decision values and the summary table."""
+    """Per-decision values, the table with CIs, the per-turn table and the comparisons."""
 
+    config: AuditConfig
     oracle: np.ndarray
-    credit: dict[str, np.ndarray]
-    aux_tokens: dict[str, int]
-    pairs: dict[str, np.ndarray]
-    table: list[dict]
-    pair_table: list[dict]
+    """``A*`` per audited decision."""
+    episodes: np.ndarray
+    """The audited episode of each decision (the bootstrap resamples these)."""
+    turns: np.ndarray
+    """The turn of each decision."""
+    credit: dict
+    """Method -> credit per decision (utility units)."""
+    aux_tokens: dict
+    """Method -> auxiliary tokens generated."""
+    pairs_of: dict
+    """Method -> ``J`` (0 where no pair ceiling applies)."""
+    rows: list
+    """One row per method: each figure as ``{"value", "lo", "hi"}``."""
+    pair_rows: list
+    """Twin vs independent pairs (``J = 1``): pooled and per-decision rho, ties, reversals."""
+    per_turn: list
+    comparisons: list
     policy_tokens: int = 0
+    """Tokens the policy generated in the audited episodes."""
     questions: int = 0
     """Questions audited (fewer than asked for with ``mixed_only``)."""
     group_utilities: list = field(default_factory=list)
     """Utilities of every sampled factual episode, in group order (audited or not)."""
+    budget_ratio: float = float("nan")
+    """Training-time row: realised auxiliary tokens / (beta x policy tokens)."""
+
+    def row(self, method: str) -> dict:
+        return next(r for r in self.rows if r["method"] == method)
 
 
 def _value_requests(audited, eps, n_rollouts, salt, noise_seed):
@@ -101,24 +140,48 @@ def _value_requests(audited, eps, n_rollouts, salt, noise_seed):
             for i in audited for t in range(len(eps[i].turns)) for m in range(n_rollouts)]
 
 
-def _values(eps, audited, recs):
+def _values(eps, audited, recs, n_rollouts=None):
+    """``V(s_0..s_T)`` per audited episode from value rollouts (the first ``n_rollouts`` per state)."""
     sums = {(i, t): [] for i in audited for t in range(len(eps[i].turns))}
     for r in recs:
         sums[tuple(r.twin_of)].append(r.utility)
     out = {}
     for i in audited:
-        v = [float(np.mean(sums[(i, t)])) for t in range(len(eps[i].turns))] + [eps[i].utility]
+        v = [float(np.mean(sums[(i, t)][:n_rollouts])) for t in range(len(eps[i].turns))] + [eps[i].utility]
         out[i] = np.array(v)
     return out
 
 
+def _pair_credit(eps, decisions, twins) -> tuple[list[np.ndarray], list[int], list[np.ndarray]]:
+    """Per pair ``j``: ``D_j`` per decision, its auxiliary tokens, and ``(U_j, U'_j)``."""
+    row_of = {d: r for r, d in enumerate(decisions)}
+    n_pairs = 1 + max([r.pair for r in twins.records] + [0])
+    u = [np.full(len(decisions), np.nan) for _ in range(n_pairs)]
+    u2 = [np.full(len(decisions), np.nan) for _ in range(n_pairs)]
+    tokens = [0] * n_pairs
+    for r in twins.records:
+        i, t = r.twin_of
+        k = row_of[(i, t)]
+        uj = eps[i].utility if r.pair_utility is None else r.pair_utility
+        u[r.pair][k] = uj
+        u2[r.pair][k] = uj if r.self_twin else r.utility
+        tokens[r.pair] += r.num_generated_tokens
+    for r in twins.replicas:  # counted like the trainer's budget counts them (see run_twins)
+        tokens[r.pair] += r.num_generated_tokens
+    return [a - b for a, b in zip(u, u2)], tokens, [np.stack([a, b], 1) for a, b in zip(u, u2)]
+
+
 def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResult:
     """Sample, estimate the oracle, compute every estimator's credit; see the module docstring."""
+    from twice_envs.agents.credit import crr
+    from twice_envs.agents.credit.twice import TwiceConfig
     from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, rollout
-
+    from twice_envs.agents.rollout import Task, branch_rollouts, rollout
     from twice_envs.agents.train import split_size
+    from twice_envs.agents.twins import credit_step, run_twins
 
+    if min(config.pairs) < 1 or min(config.vine_k) < 1:
+        raise ValueError(f"pairs and vine_k must be >= 1, got {config.pairs} and {config.vine_k}")
     sampling = SamplingConfig(temperature=config.temperature, max_new_tokens=config.max_new_tokens)
     indexed = config.indexed_tasks and split_size(config.env, config.env_kwargs, config.split) is not None
     tasks = [Task(i, {"split": config.split, "index": i} if indexed else {}) for i in range(config.questions)]
@@ -133,31 +196,77 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
 
     recs = branch_rollouts(policy, eps, _value_requests(audited, eps, config.oracle_rollouts, 1, config.seed), sampling=sampling)
     v_star = _values(eps, audited, recs)
-    oracle = np.array([v_star[i][t + 1] - v_star[i][t] for i, t in decisions])
+    v_before = np.array([v_star[i][t] for i, t in decisions])
+    v_after = np.array([v_star[i][t + 1] for i, t in decisions])
+    oracle = v_after - v_before
     log(f"audit: oracle from {len(recs)} rollouts")
 
     util = np.array(utilities)
     groups = np.array([e.group for e in eps])
-    credit, aux, pairs = {}, {}, {}
-    credit["grpo"] = np.array([util[i] - util[groups == groups[i]].mean() for i, t in decisions])
-    aux["grpo"] = 0
-    twins = branch_rollouts(policy, eps, [BranchRequest(i, t, 1, True) for i, t in decisions], sampling=sampling)
-    indep = branch_rollouts(policy, eps, [BranchRequest(i, t, 1, False, fresh_seed(config.seed + 2, i, t, 1))
-                                          for i, t in decisions], sampling=sampling)
-    for name, rs in (("twice", twins), ("crr", indep)):
-        u2 = np.array([eps[r.twin_of[0]].utility if r.self_twin else r.utility for r in rs])
-        u1 = np.array([eps[i].utility for i, _ in decisions])
-        credit[name] = u1 - u2
-        aux[name] = sum(r.num_generated_tokens for r in rs)
-        pairs[name] = np.stack([u1, u2], axis=1)
-    vine = branch_rollouts(policy, eps, _value_requests(audited, eps, config.vine_k, 3, config.seed), sampling=sampling)
-    v_vine = _values(eps, audited, vine)
-    credit["vineppo"] = np.array([v_vine[i][t + 1] - v_vine[i][t] for i, t in decisions])
-    aux["vineppo"] = sum(r.num_generated_tokens for r in vine)
+    u1 = np.array([util[i] for i, _ in decisions])
+    credit, aux, pairs_of, pair_sets = {}, {}, {}, {}
+    credit["grpo"], aux["grpo"], pairs_of["grpo"] = np.array([util[i] - util[groups == groups[i]].mean()
+                                                              for i, _ in decisions]), 0, 0
+    max_j = max(config.pairs)
+    rng = np.random.default_rng(config.seed + 5)
+    diag = TwiceConfig(q_same=1.0, pairs=max_j)
+    d, tok, pr = _pair_credit(eps, decisions, run_twins(policy, eps, decisions, diag, sampling, rng,
+                                                        noise_seed=config.seed + 2))
+    pair_sets["twice"] = pr[0]
+    for J in config.pairs:
+        credit[f"twice J{J}"], aux[f"twice J{J}"], pairs_of[f"twice J{J}"] = np.mean(d[:J], 0), sum(tok[:J]), J
+    log("audit: twins done")
+    indep = crr.crr_config(TwiceConfig(pairs=max_j))
+    d, tok, pr = _pair_credit(eps, decisions, run_twins(policy, eps, decisions, indep, sampling, rng,
+                                                        noise_seed=config.seed + 3))
+    pair_sets["crr"] = pr[0]
+    for J in config.pairs:
+        credit[f"crr J{J}"], aux[f"crr J{J}"], pairs_of[f"crr J{J}"] = np.mean(d[:J], 0), sum(tok[:J]), J
+    log("audit: counterfactuals done")
+    vine = branch_rollouts(policy, eps, _value_requests(audited, eps, max(config.vine_k), 3, config.seed),
+                           sampling=sampling)
+    for K in config.vine_k:
+        v = _values(eps, audited, vine, K)
+        name = f"vineppo K{K}"
+        credit[name] = np.array([v[i][t + 1] - v[i][t] for i, t in decisions])
+        # the first K rollouts of every state
+        aux[name] = sum(r.num_generated_tokens for r in vine if r.branch <= K)
+        pairs_of[name] = 0
     ptoks = sum(eps[i].num_generated_tokens for i in audited)
-    table = summarize(oracle, credit, aux, config.threshold)
-    pair_table = summarize_pairs(oracle, pairs, config.threshold)
-    return AuditResult(oracle, credit, aux, pairs, table, pair_table, ptoks, len(audited), utilities)
+    budget_ratio = float("nan")
+    if config.training_row:
+        # the audited episodes as one batch; their groups are elsewhere, so A_traj comes from grpo above
+        batch = [eps[i] for i in audited]
+        tcfg = TwiceConfig(beta=config.beta, warmup_updates=0, trajectory_term=False, omega=1.0)
+        res = credit_step("twice", policy, batch, config=tcfg, sampling=sampling, rng=rng, update=0,
+                          noise_seed=config.seed + 4)
+        scale = res.stats["sigma_hat"]
+        a_hat = np.concatenate(res.advantages) * scale  # utility units: trajectory_term is off
+        credit["twice-train"], aux["twice-train"], pairs_of["twice-train"] = a_hat, res.aux_tokens, 0
+        credit["twice-train+traj"] = credit["grpo"] + tcfg.omega * a_hat
+        aux["twice-train+traj"], pairs_of["twice-train+traj"] = res.aux_tokens, 0
+        budget_ratio = res.aux_tokens / (config.beta * ptoks) if ptoks else float("nan")
+    log("audit: credit computed; bootstrapping")
+    return summarize_audit(config, oracle, np.array([i for i, _ in decisions]), np.array([t for _, t in decisions]),
+                           credit, aux, pairs_of, pair_sets, v_before, v_after, ptoks, len(audited), utilities,
+                           budget_ratio)
+
+
+def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, pairs_of, pair_sets, v_before, v_after,
+                    policy_tokens=0, questions=0, group_utilities=(), budget_ratio=float("nan")) -> AuditResult:
+    """The rows with CIs, the pair table, the per-turn table and the comparisons."""
+    idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=episodes, seed=config.seed))
+    rho = {name: (p[:, 0], p[:, 1], v_after, v_before) for name, p in pair_sets.items()}
+    rows = [_row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
+                       rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
+    pair_rows = [summarize_pair_set(name, p, oracle, config.threshold) for name, p in pair_sets.items()]
+    for pr in pair_rows:
+        pr["rho_bar"] = cs.per_decision_rho(*rho[pr["method"]])
+    methods = [m for m in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m in credit]
+    return AuditResult(config, oracle, episodes, turns, credit, aux, pairs_of, rows, pair_rows,
+                       per_turn_table(oracle, credit, turns, config.threshold, methods),
+                       equal_token_comparisons(oracle, credit, aux, idx, config.threshold),
+                       policy_tokens, questions, list(group_utilities), budget_ratio)
 
 
 def mixed_groups(utilities: Sequence[float], group_size: int) -> list[int]:
@@ -166,113 +275,116 @@ def mixed_groups(utilities: Sequence[float], group_size: int) -> list[int]:
     return [g for g in range(0, len(utilities), group_size) if len(set(utilities[g: g + group_size])) > 1]
 
 
-def _pearson(a, b) -> float:
-    if len(a) < 2 or np.std(a) == 0 or np.std(b) == 0:
-        return float("nan")
-    return float(np.corrcoef(a, b)[0, 1])
-
-
-def summarize(oracle: np.ndarray, credit: dict, aux: dict, threshold: float = 0.05) -> list[dict]:
-    """The per-method table (wrong-sign rate, zero share, MSE / GRPO's, Pearson, aux tokens)."""
+def summarize(oracle: np.ndarray, credit: dict, aux: dict, threshold: float = cs.THRESHOLD) -> list[dict]:
+    """Point figures per method (wrong-sign rate, zero share, MSE / GRPO's, Pearson, aux tokens)."""
     big = np.abs(oracle) >= threshold
-    mse_grpo = float(np.mean((credit["grpo"] - oracle) ** 2)) if "grpo" in credit and len(oracle) else float("nan")
     rows = []
     for name, c in credit.items():
-        mse = float(np.mean((c - oracle) ** 2)) if len(c) else float("nan")
         rows.append({
             "method": name,
             "decisions": int(len(c)),
             "scored": int(big.sum()),
-            "wrong_sign": float(np.mean(np.sign(c[big]) == -np.sign(oracle[big]))) if big.any() else float("nan"),
-            "zero_credit": float(np.mean(c[big] == 0)) if big.any() else float("nan"),
-            "mse": mse,
-            "mse_vs_grpo": mse / mse_grpo if mse_grpo > 0 else float("nan"),
-            "pearson": _pearson(c, oracle),
+            "wrong_sign": cs.wrong_sign_rate(c, oracle, threshold),
+            "zero_credit": cs.zero_credit_share(c, oracle, threshold),
+            "mse": cs.mse(c, oracle),
+            "mse_vs_grpo": cs.mse_ratio(c, oracle, credit["grpo"]) if "grpo" in credit else float("nan"),
+            "pearson": cs.pearson(c, oracle),
             "aux_tokens": int(aux.get(name, 0)),
         })
     return rows
 
 
-def summarize_pairs(oracle: np.ndarray, pairs: dict, threshold: float = 0.05) -> list[dict]:
-    """rho, tie share and reversal share of twin vs independent pairs."""
+def summarize_pair_set(name: str, pairs: np.ndarray, oracle: np.ndarray, threshold: float = cs.THRESHOLD) -> dict:
+    """Pooled rho of ``(U, U')``, tie share, reversal share (``D`` against ``A*``'s sign) and ``Var D``."""
     big = np.abs(oracle) >= threshold
-    rows = []
-    for name, p in pairs.items():
-        d = p[:, 0] - p[:, 1]
-        rows.append({
-            "pairs": "twin" if name == "twice" else "independent",
-            "rho": _pearson(p[:, 0], p[:, 1]),
-            "tie_share": float(np.mean(d == 0)) if len(d) else float("nan"),
-            "reversal_share": float(np.mean(np.sign(d[big]) == -np.sign(oracle[big]))) if big.any() else float("nan"),
-            "var_d": float(np.var(d)) if len(d) else float("nan"),
-        })
-    return rows
+    d = pairs[:, 0] - pairs[:, 1]
+    return {
+        "method": name,
+        "pairs": "twin" if name == "twice" else "independent",
+        "rho_pooled": cs.pearson(pairs[:, 0], pairs[:, 1]),
+        "tie_share": float(np.mean(d == 0)) if len(d) else float("nan"),
+        "reversal_share": float(np.mean(np.sign(d[big]) == -np.sign(oracle[big]))) if big.any() else float("nan"),
+        "var_d": float(np.var(d)) if len(d) else float("nan"),
+    }
 
 
 def format_table(result: AuditResult) -> str:
+    """The audit as text: rows with CIs, pairs, per-turn table, comparisons."""
     out = io.StringIO()
-    out.write(f"{'method':<9} {'wrong-sign':>10} {'zero':>6} {'MSE/GRPO':>9} {'Pearson':>8} {'aux tokens':>11}\n")
-    for r in result.table:
-        out.write(f"{r['method']:<9} {r['wrong_sign']:>10.3f} {r['zero_credit']:>6.2f} {r['mse_vs_grpo']:>9.3f} "
-                  f"{r['pearson']:>8.3f} {r['aux_tokens']:>11d}\n")
-    out.write(f"({result.table[0]['scored']} of {result.table[0]['decisions']} decisions of {result.questions} questions "
-              f"have |A*| >= threshold; "
-              f"policy tokens of the audited episodes: {result.policy_tokens})\n")
-    if result.table[0]["scored"] == 0:
+    cfg = result.config
+    n_big = int(np.sum(np.abs(result.oracle) >= cfg.threshold))
+    out.write(f"{cfg.env}: {len(result.oracle)} decisions of {result.questions} questions, oracle A* from "
+              f"{cfg.oracle_rollouts} rollouts per state ({n_big} with |A*| >= {cfg.threshold}); policy tokens "
+              f"{result.policy_tokens}; 95% bootstrap CIs over audited episodes\n")
+    if n_big == 0:
         out.write("note: no decision changes the expected outcome measurably (the policy's outcomes do not vary on "
                   "these questions), so the credit rates are undefined\n")
-    out.write(f"{'pairs':<12} {'rho':>6} {'ties':>6} {'reversals':>10} {'Var D':>7}\n")
-    for r in result.pair_table:
-        out.write(f"{r['pairs']:<12} {r['rho']:>6.3f} {r['tie_share']:>6.2f} {r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
+    out.write(f"{'method':<17} {'aux tok':>8} {'wrong-sign %':>20} {'zero %':>20} {'Pearson':>22} "
+              f"{'MSE/GRPO':>22} {'ceiling':>8} {'rho-bar':>22}\n")
+    for r in result.rows:
+        ceil = f"{r['ceiling']['value']:.3f}" if "ceiling" in r else ""
+        rb = _ci(r["rho_bar"]) if "rho_bar" in r else ""
+        out.write(f"{r['method']:<17} {r['aux_tokens']:>8d} {_ci(r['wrong_sign'], True):>20} "
+                  f"{_ci(r['zero_credit'], True):>20} {_ci(r['pearson']):>22} {_ci(r['mse_vs_grpo']):>22} "
+                  f"{ceil:>8} {rb:>22}\n")
+    if np.isfinite(result.budget_ratio):
+        out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {result.budget_ratio:.3f}\n")
+    out.write(f"{'pairs (J=1)':<12} {'rho pooled':>10} {'rho-bar':>8} {'ties':>6} {'reversals':>10} {'Var D':>7}\n")
+    for r in result.pair_rows:
+        out.write(f"{r['pairs']:<12} {r['rho_pooled']:>10.3f} {r['rho_bar']:>8.3f} {r['tie_share']:>6.2f} "
+                  f"{r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
+    out.write("per turn (Pearson / wrong-sign %):\n")
+    for r in result.per_turn:
+        cells = "  ".join(f"{m}: {r[m + ' pearson']:.2f}/{100 * r[m + ' wrong_sign']:.0f}"
+                          for m in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m + " pearson" in r)
+        out.write(f"  turn {r['turn']:<3} n={r['decisions']:<5} {cells}\n")
+    out.write("Twice vs baselines at no more auxiliary tokens (difference, 95% CI, significant?):\n")
+    for c in result.comparisons:
+        dd = c["diff"]
+        out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
+                  f"({c['baseline_tokens']} tok): {dd['value']:+.3f} [{dd['lo']:+.3f}, {dd['hi']:+.3f}] "
+                  f"{'significant' if c['significant'] else 'not significant'}\n")
     return out.getvalue()
 
 
 def write_outputs(result: AuditResult, out_dir: Path) -> dict:
-    """``audit.csv``, ``audit_pairs.csv``, ``audit_decisions.csv`` and ``audit.png``; returns their paths."""
+    """``audit.json`` (everything), ``audit.csv`` (one row per method, each figure with
+    ``_lo`` / ``_hi`` columns), ``audit_decisions.csv`` and ``audit.png``; returns their paths."""
+    from twice_envs.agents.plots import plot_credit_scatter
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, rows in (("audit.csv", result.table), ("audit_pairs.csv", result.pair_table)):
-        buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-        atomic_write_text(out_dir / name, buf.getvalue())
-        paths[name] = out_dir / name
+    doc = {"config": asdict(result.config), "rows": result.rows, "pairs": result.pair_rows,
+           "per_turn": result.per_turn, "comparisons": result.comparisons, "policy_tokens": result.policy_tokens,
+           "questions": result.questions, "decisions": len(result.oracle), "budget_ratio": result.budget_ratio}
+    paths = {"audit.json": out_dir / "audit.json", "audit_decisions.csv": out_dir / "audit_decisions.csv"}
+    atomic_write_text(paths["audit.json"], json.dumps(doc, indent=1, default=float))
+    flat = []
+    for r in result.rows:
+        row = {}
+        for k, v in r.items():
+            if isinstance(v, dict):
+                row.update({k: v["value"], f"{k}_lo": v["lo"], f"{k}_hi": v["hi"]})
+            else:
+                row[k] = v
+        flat.append(row)
+    cols = list(dict.fromkeys(k for row in flat for k in row))
     buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(["oracle"] + list(result.credit))
-    for k in range(len(result.oracle)):
-        w.writerow([f"{result.oracle[k]:.6g}"] + [f"{result.credit[m][k]:.6g}" for m in result.credit])
-    atomic_write_text(out_dir / "audit_decisions.csv", buf.getvalue())
-    paths["audit_decisions.csv"] = out_dir / "audit_decisions.csv"
-    paths["audit.png"] = plot_audit(result, out_dir / "audit.png")
-    return paths
-
-
-def plot_audit(result: AuditResult, path: Path) -> Path:
-    """Credit vs oracle advantage per method, and the wrong-sign rates."""
-    from twice_envs.agents.plots import pyplot
-
-    plt = pyplot()
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    w.writerows(flat)
+    paths["audit.csv"] = out_dir / "audit.csv"
+    atomic_write_text(paths["audit.csv"], buf.getvalue())
+    buf = io.StringIO()
     names = list(result.credit)
-    fig, axes = plt.subplots(1, len(names) + 1, figsize=(3.2 * (len(names) + 1), 3.2))
-    lim = max(1e-3, float(np.max(np.abs(result.oracle), initial=0.0)) * 1.1)
-    for ax, name in zip(axes, names):
-        ax.scatter(result.oracle, result.credit[name], s=10, alpha=0.6)
-        ax.axhline(0, color="gray", lw=0.5)
-        ax.axvline(0, color="gray", lw=0.5)
-        ax.plot([-lim, lim], [-lim, lim], color="k", lw=0.5, ls="--")
-        row = next(r for r in result.table if r["method"] == name)
-        ax.set_title(f"{name}: r={row['pearson']:.2f}", fontsize=9)
-        ax.set_xlabel("oracle A*")
-    axes[0].set_ylabel("credit")
-    rates = [next(r for r in result.table if r["method"] == n)["wrong_sign"] for n in names]
-    axes[-1].bar(names, rates, color="tab:red")
-    axes[-1].set_title("wrong-sign rate", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    buf.write(",".join(["episode", "turn", "oracle"] + names) + "\n")
+    for k in range(len(result.oracle)):
+        buf.write(",".join([str(result.episodes[k]), str(result.turns[k]), f"{result.oracle[k]:.6g}"]
+                           + [f"{result.credit[n][k]:.6g}" for n in names]) + "\n")
+    atomic_write_text(paths["audit_decisions.csv"], buf.getvalue())
+    shown = [n for n in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if n in result.credit]
+    paths["audit.png"] = plot_credit_scatter(result.oracle, {n: result.credit[n] for n in shown}, result.pairs_of,
+                                             {r["method"]: r for r in result.rows}, out_dir / "audit.png")
+    return paths
 
 
 def audit_main(argv: Sequence[str]) -> int:
@@ -290,10 +402,18 @@ def audit_main(argv: Sequence[str]) -> int:
     p.add_argument("--group-size", type=int, default=AuditConfig.group_size)
     p.add_argument("--mixed-only", action="store_true",
                    help="audit only questions whose group has mixed outcomes (--questions candidates are screened)")
+    p.add_argument("--pairs", type=int, nargs="+", default=list(AuditConfig.pairs),
+                   help="J values: independent pairs (Twice) and counterfactuals (CRR) per decision")
+    p.add_argument("--vine-k", type=int, nargs="+", default=list(AuditConfig.vine_k), help="VinePPO K values")
+    p.add_argument("--beta", type=float, default=AuditConfig.beta, help="budget of the training-time Twice row")
+    p.add_argument("--no-training-row", action="store_true", help="skip the training-time Twice rows")
+    p.add_argument("--n-boot", type=int, default=AuditConfig.n_boot, help="bootstrap resamples")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default: RUN/audit or audit/)")
     a = p.parse_args(argv)
+    if min(a.pairs) < 1 or min(a.vine_k) < 1:
+        p.error("--pairs and --vine-k must be >= 1")
     if a.checkpoint in ("tiny", "smollm2-135m"):
         from twice_envs.agents.models import load_policy
         from twice_envs.agents.train import cpu_config
@@ -309,7 +429,9 @@ def audit_main(argv: Sequence[str]) -> int:
     cfg = AuditConfig(env=a.env, env_kwargs=tcfg.env_kwargs if a.env == tcfg.env else {}, questions=a.questions,
                       oracle_rollouts=a.oracle_rollouts, group_size=a.group_size, mixed_only=a.mixed_only,
                       max_new_tokens=a.max_new_tokens or tcfg.max_new_tokens, max_turns=tcfg.max_turns,
-                      indexed_tasks=tcfg.indexed_tasks, seed=a.seed)
+                      indexed_tasks=tcfg.indexed_tasks, seed=a.seed, pairs=tuple(sorted(set(a.pairs))),
+                      vine_k=tuple(sorted(set(a.vine_k))), beta=a.beta, training_row=not a.no_training_row,
+                      n_boot=a.n_boot)
     res = run_audit(policy, cfg, log=lambda m: print(m, file=sys.stderr))
     print(format_table(res), end="")
     paths = write_outputs(res, out)

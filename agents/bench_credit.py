@@ -2,15 +2,15 @@
 
 In one run, with fixed seeds:
 
-0. **Credit audit on CreditToy-v0**, where the advantages are exact: every decision
-   gets a coupled twin, an independent counterfactual and VinePPO's value rollouts
-   (one twin per decision for both Twice and CRR: equal auxiliary budget); then the
-   credit lab on SearchToy-v0 (:mod:`twice_envs.agents.lab`, bootstrap CIs).
+0. **Credit audit on CreditToy-v0**, where the advantages are exact, then on
+   SearchToy-v0, both through the credit lab (:mod:`twice_envs.agents.lab`, bootstrap
+   CIs): every decision gets a coupled twin, an independent counterfactual and VinePPO's
+   value rollouts.
 
 On generated SearchQA with the tiny model:
 
-1. **Credit audit** (equal auxiliary budget: one twin or counterfactual per decision
-   for Twice and CRR) of the dev questions whose group has mixed outcomes (screened from
+1. **Credit audit** (:mod:`twice_envs.agents.audit`, bootstrap CIs; one twin or
+   counterfactual per decision for Twice and CRR) of the dev questions whose group has mixed outcomes (screened from
    ``--audit-questions`` candidates; where a weak policy fails every episode no
    estimator has anything to measure): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
    Pearson correlation of Twice's credit with the oracle (target >= 0.7), Twice's MSE
@@ -35,40 +35,6 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-
-
-def toy_audit(n_groups: int = 600, seed: int = 0):
-    """The audit on CreditToy-v0, where ``A*`` is exact: every decision gets a coupled twin,
-    an independent counterfactual and VinePPO's K = 2 value rollouts."""
-    from twice_envs.agents import toy
-    from twice_envs.agents.audit import AuditResult, summarize, summarize_pairs
-    from twice_envs.agents.credit import vineppo
-    from twice_envs.agents.credit.predictor import decision_index
-
-    policy = toy.toy_policy()
-    eps, envs = toy.toy_rollouts(policy, n_groups, 5, noise_seed=seed)
-    index = decision_index(eps)
-    exact_ep = toy.exact_advantages(policy, eps)
-    oracle = np.array([exact_ep[i][t] for i, t in index])
-    u = np.array([e.utility for e in eps])
-    g = np.array([e.group for e in eps])
-    credit = {"grpo": np.array([u[i] - u[g == g[i]].mean() for i, _ in index])}
-    aux = {"grpo": 0}
-    pairs = {}
-    for name, coupled in (("twice", True), ("crr", False)):
-        tw = toy.toy_twins(policy, eps, envs, index, coupled=coupled, fresh_salt=7)
-        u2 = np.array([t.utility for t in tw])
-        u1 = np.array([u[i] for i, _ in index])
-        credit[name], aux[name], pairs[name] = u1 - u2, sum(t.num_generated_tokens for t in tw), np.stack([u1, u2], 1)
-    states = vineppo.value_states(eps)
-    vals = []
-    for k in range(vineppo.K_ROLLOUTS):
-        vals += toy.toy_twins(policy, eps, envs, states, coupled=False, branch=1 + k, fresh_salt=100 + k)
-    credit["vineppo"] = np.concatenate(vineppo.vine_credit(eps, vals))
-    aux["vineppo"] = sum(t.num_generated_tokens for t in vals)
-    return AuditResult(oracle, credit, aux, pairs, summarize(oracle, credit, aux), summarize_pairs(oracle, pairs),
-                       sum(e.num_generated_tokens for e in eps), questions=n_groups,
-                       group_utilities=[e.utility for e in eps])
 
 
 def _updates_to_reach(evals: list[tuple[int, float]], target: float) -> int | None:
@@ -105,18 +71,18 @@ def main(argv: Sequence[str]) -> int:
     log = lambda m: print(f"[bench credit {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)  # noqa: E731
     fig: dict = {}
 
-    log("audit on CreditToy-v0 (exact advantages, keyed categorical policy)")
-    toy_res = toy_audit(150 if q else 600)
-    print("CreditToy-v0, exact A*:")
-    print(format_table(toy_res), end="")
-    trows = {r["method"]: r for r in toy_res.table}
-    for k in ("twice", "crr", "grpo", "vineppo"):
-        fig[f"toy_wrong_sign_{k}"] = trows[k]["wrong_sign"]
-        fig[f"toy_pearson_{k}"] = trows[k]["pearson"]
-        fig[f"toy_mse_vs_grpo_{k}"] = trows[k]["mse_vs_grpo"]
-    fig["toy_rho_twin"] = toy_res.pair_table[0]["rho"]
-
     from twice_envs.agents import lab
+
+    log("audit on CreditToy-v0 (exact advantages, keyed categorical policy)")
+    toy_res = lab.run_lab_audit(lab.LabAuditConfig(env="CreditToy-v0", groups=150 if q else 600, pairs=(1,),
+                                                   n_boot=200 if q else 1000))
+    print(lab.format_lab(toy_res), end="")
+    trows = {r["method"]: r for r in toy_res.rows}
+    for k, name in (("twice", "twice J1"), ("crr", "crr J1"), ("grpo", "grpo"), ("vineppo", "vineppo K2")):
+        fig[f"toy_wrong_sign_{k}"] = trows[name]["wrong_sign"]["value"]
+        fig[f"toy_pearson_{k}"] = trows[name]["pearson"]["value"]
+        fig[f"toy_mse_vs_grpo_{k}"] = trows[name]["mse_vs_grpo"]["value"]
+    fig["toy_rho_twin"] = trows["twice J1"]["rho_bar"]["value"]
 
     log("credit lab on SearchToy-v0 (exact advantages, CIs; twice audit --env SearchToy-v0 for its options)")
     lab_res = lab.run_lab_audit(lab.LabAuditConfig(groups=24 if q else 240, n_boot=200 if q else 1000))
@@ -134,13 +100,14 @@ def main(argv: Sequence[str]) -> int:
           "have mixed outcomes):")
     print(format_table(res), end="")
     write_outputs(res, out / "audit")
-    rows = {r["method"]: r for r in res.table}
-    fig["wrong_sign_twice"] = rows["twice"]["wrong_sign"]
-    fig["wrong_sign_crr"] = rows["crr"]["wrong_sign"]
-    fig["pearson_twice"] = rows["twice"]["pearson"]
-    fig["mse_twice_vs_grpo"] = rows["twice"]["mse_vs_grpo"]
-    fig["audit_decisions"] = rows["twice"]["decisions"]
-    fig["audit_scored"] = rows["twice"]["scored"]
+    rows = {r["method"]: r for r in res.rows}
+    fig["wrong_sign_twice"] = rows["twice J1"]["wrong_sign"]["value"]
+    fig["wrong_sign_crr"] = rows["crr J1"]["wrong_sign"]["value"]
+    fig["pearson_twice"] = rows["twice J1"]["pearson"]["value"]
+    fig["mse_twice_vs_grpo"] = rows["twice J1"]["mse_vs_grpo"]["value"]
+    fig["audit"] = {m: {k: v for k, v in r.items() if k != "method"} for m, r in rows.items()}
+    fig["audit_decisions"] = len(res.oracle)
+    fig["audit_scored"] = int(np.sum(np.abs(res.oracle) >= res.config.threshold))
     fig["audit_questions"] = res.questions
     fig["audit_candidates"] = audit_q
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 import twice_envs
+from twice_envs.agents.credit.twice import same_evidence
 from twice_envs.agents.policy import Generation, GenerationRequest, SamplingConfig
 from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
@@ -239,16 +240,6 @@ class TwinStart:
         return self.live is None
 
 
-def same_evidence(factual: EpisodeRecord, turn: int, obs: str, over: bool) -> bool:
-    """Whether an alternative turn got the factual turn's evidence.
-
-    True when the observations are equal and neither the alternative nor the factual
-    turn ended the episode: an observation after the last turn (often ``""``) is no
-    evidence, and a twin that ended has its outcome already, with nothing left to skip.
-    """
-    return (not over) and turn < len(factual.turns) - 1 and obs == factual.turns[turn].obs
-
-
 def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
                 sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True) -> list[TwinStart]:
     """Phase 1 of :func:`branch_rollouts`: every request's alternative turn, sampled and stepped.
@@ -362,7 +353,7 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
       factual episode; the record has ``self_twin=True``, the factual utility and only the
       alternative turn; nothing is continued;
     * otherwise step the alternative through :func:`twice_envs.wrappers.twin`
-      (``same_evidence`` as :func:`same_evidence` says) and continue
+      (``same_evidence`` as :func:`~twice_envs.agents.credit.twice.same_evidence` says) and continue
       with the keys the twin env reports: the factual keys when coupled, a fresh
       ``noise_seed`` when not. A twin never runs past the factual episode's turn cap.
 

@@ -42,6 +42,7 @@ import numpy as np
 
 import twice_envs
 from twice_envs import NoiseKey, NoiseSchedule, Protocol, TextEnv, derive_episode_seed
+from twice_envs.agents.credit.twice import same_evidence
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.noise import gumbel_np, key_rows
 from twice_envs.wrappers.twin import twin
@@ -313,7 +314,7 @@ def lab_twins(
         tw = twin(fork, policy.action_text(alt), fork.noise_schedule if coupled else fresh, branch=branch)
         obs, r, term, trunc, info = tw.first_step
         rec.turns.append(_turn_record(policy, state, alt, key, obs, r, info["digest"]))
-        rec.same_evidence = obs == factual.turns[t].obs
+        rec.same_evidence = same_evidence(factual, t, obs, tw.done)
         if tw.done:
             rec.utility = float(tw.unwrapped.trajectory.total_reward)
             rec.terminated = tw.unwrapped.trajectory.terminated

@@ -370,7 +370,8 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         "time": t3 - t0,
     }
     for k in ("rho", "self_twin_share", "tie_share", "same_evidence_share", "mean_q", "branched_share",
-              "predictor_auc", "discordance", "twins", "cost_scale"):
+              "predictor_auc", "discordance", "twins", "cost_scale", "rho_per_decision", "sigma_hat",
+              "twin_term_q50", "twin_term_q90", "twin_term_q99", "twin_term_max"):
         if k in credit.stats:
             m[k] = credit.stats[k]
     m.update(loss_stats)

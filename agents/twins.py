@@ -42,11 +42,14 @@ class Twins:
         kept: the evidence coin of each twin (always True where there is no coin).
         aux_tokens: tokens generated for them (alternative turns, continuations and the
             replicas of independent pairs).
+        replicas: the factual side of every independent pair ``j >= 1`` that was run
+            (``twin_of`` and ``pair`` name it; its utility is the pair's ``U_j``).
     """
 
     records: list[EpisodeRecord] = field(default_factory=list)
     kept: list[bool] = field(default_factory=list)
     aux_tokens: int = 0
+    replicas: list[EpisodeRecord] = field(default_factory=list)
 
 
 def _factual_turn(ep: EpisodeRecord, turn: int):
@@ -109,8 +112,12 @@ def run_twins(
             st.live = None
             rec.self_twin = True
         out.aux_tokens += rec.turns[0].num_tokens
-    kept = twice.evidence_coins([twice.evidence_exponent(st.record) for st in starts], config, rng)
-    kept = [bool(k) for k in kept]
+    # a self-twin is the factual episode: nothing to keep or drop, so no coin is drawn for it
+    coined = [m for m, st in enumerate(starts) if not st.record.self_twin]
+    kept = [True] * len(starts)
+    for m, k in zip(coined, twice.evidence_coins([twice.evidence_exponent(starts[m].record) for m in coined],
+                                                 config, rng)):
+        kept[m] = bool(k)
     for st, k in zip(starts, kept):
         if not k:
             st.live = None  # dropped: costs only its alternative turn
@@ -124,7 +131,11 @@ def run_twins(
     finish_twins(policy, continued, sampling=sampling)
     out.aux_tokens += sum(st.record.num_generated_tokens - before[id(st)] for st in continued)
     out.aux_tokens += sum(st.record.turns[0].num_tokens for st in rep_starts)
-    pair_u = {key: st.record.utility for (key, _), st in zip(rep, rep_starts)}
+    pair_u = {}
+    for (key, _), st in zip(rep, rep_starts):
+        st.record.pair = key[2]
+        pair_u[key] = st.record.utility
+        out.replicas.append(st.record)
     for st, k in zip(starts, kept):
         rec = st.record
         if rec.pair > 0 and config.coupled:
@@ -193,25 +204,34 @@ def credit_step(
         vals = run_values_(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
         return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
     state = predictor_state or predictor.PredictorState()
+    util = [ep.utility for ep in factual]
     if method == "crr":
         cfg = crr.crr_config(config)
         plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
         tw = run_twins_(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
         credit = twice.twin_credit(factual, tw.records, plan, tw.kept, cfg)
-        stats = twice.twin_stats(credit, plan, tw.records)
-        state = predictor.calibrate_cost(state, tw.aux_tokens, float(np.dot(plan.q, plan.costs)))
+        scale = twice.twin_scale(util, cfg, state.twin_rms)
+        stats = twice.twin_stats(credit, plan, tw.records, omega=cfg.omega, scale=scale)
+        state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                         float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(cfg))
+        state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
         stats["cost_scale"] = state.cost_scale
-        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg), tw.aux_tokens, stats, state)
+        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)
     if method != "twice":
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     X = predictor.decision_features(factual)
     eta = predictor.predict(state, X)
-    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale)
+    mixed = config.branching == "mixed"
+    success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
+    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale, success=success)
     tw = run_twins_(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
     credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
-    stats = twice.twin_stats(credit, plan, tw.records)
+    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
+    scale = twice.twin_scale(util, config, state.twin_rms)
+    stats = twice.twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
     state = predictor.calibrate_cost(state, tw.aux_tokens,
                                      float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
+    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
     stats["cost_scale"] = state.cost_scale
     # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
     rows, labels, weights = [], [], []
@@ -223,4 +243,6 @@ def credit_step(
     stats["predictor_auc"] = predictor.auc(eta[rows], labels) if rows else float("nan")
     stats["discordance"] = float(np.mean(labels)) if labels else float("nan")
     new_state = predictor.sgd_update(state, X[rows], np.array(labels), np.array(weights), rng) if rows else state
-    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, config), tw.aux_tokens, stats, new_state)
+    if mixed:
+        new_state = predictor.fit_success(new_state, factual, rng)
+    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, config, scale), tw.aux_tokens, stats, new_state)

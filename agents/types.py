@@ -68,7 +68,7 @@ class EpisodeRecord:
         self_twin: the twin's alternative turn has the factual turn's token ids (D = 0,
             nothing generated after it).
         same_evidence: the alternative turn's observation equals the factual one, and
-            neither turn ended the episode (see :func:`~twice_envs.agents.rollout.same_evidence`).
+            neither turn ended the episode (see :func:`~twice_envs.agents.credit.twice.same_evidence`).
         pair: for a twin, 0 when paired with the factual episode; ``j >= 1`` for the
             ``j``-th independent pair of its decision, whose factual side is a replay
             of the factual turn on fresh downstream noise shared with the twin.

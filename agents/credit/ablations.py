@@ -23,6 +23,7 @@ ABLATIONS: dict[str, tuple[str, Callable[[TwiceConfig], TwiceConfig]]] = {
     "no-inverse-weights": ("A_hat = B S D without 1/(q q_same^e)", lambda c: replace(c, inverse_weights=False)),
     "no-self-twin-shortcut": ("self-twins pay their continuation", lambda c: replace(c, self_twin_shortcut=False)),
     "twin-credit-only": ("no GRPO term A_traj", lambda c: replace(c, trajectory_term=False)),
+    "running-scale": ("sigma_hat = running RMS of earlier twin credits", lambda c: replace(c, twin_scale="running")),
     "star": ("K = 2 alternatives share the factual noise", lambda c: replace(c, star=2)),
 }
 

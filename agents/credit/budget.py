@@ -85,8 +85,9 @@ def uniform_rule(costs: Sequence[float], budget: float, *, q_min: float = 0.05) 
 
 
 def mixed_outcome_rule(
-    group_success: Sequence[float], costs: Sequence[float], budget: float, *, q_min: float = 0.05
+    success: Sequence[float], costs: Sequence[float], budget: float, *, q_min: float = 0.05
 ) -> tuple[np.ndarray, float]:
-    """``q`` proportional to ``2 p (1 - p)`` of the decision's group (mixed-outcome targeting)."""
-    p = np.clip(np.asarray(group_success, dtype=np.float64), 0.0, 1.0)
+    """Mixed-outcome targeting: ``q_t`` proportional to ``2 p_t (1 - p_t)``, ``p_t`` the
+    predicted success of decision ``t``'s prefix; the cost enters only the budget."""
+    p = np.clip(np.asarray(success, dtype=np.float64), 0.0, 1.0)
     return probabilities_for_budget(2.0 * p * (1.0 - p), costs, budget, q_min=q_min)

@@ -18,8 +18,11 @@ and the twin credit ``A_hat_t = B_t S_t D_t / (q_t q_same^{e_t})`` is unbiased f
 
 The advantage used by the loss is ``A_t = A_traj + omega * A_hat_t / sigma_hat``
 where ``A_traj`` is GRPO's group-normalised return and ``sigma_hat`` is one scale for
-the whole batch: the standard deviation of the factual utilities of the batch,
-floored at ``sigma_min``. Dividing every twin credit by the same positive number keeps
+the whole batch: by default the standard deviation of the factual utilities of the batch,
+floored at ``sigma_min`` (``twin_scale="running"``: the running RMS of earlier
+updates' twin credits, see :class:`TwiceConfig`). The inverse weights make ``A_hat``
+as large as ``1 / (q_min q_same)`` = 80 times ``D``, so with a low-reward batch the
+twin term can dwarf ``A_traj``; :func:`twin_stats` logs its quantiles. Dividing every twin credit by the same positive number keeps
 the direction of the twin-credit gradient unbiased (up to a batch constant) while
 putting it on the scale of GRPO's unit-variance term; a per-decision or per-group
 scale would re-weight decisions against each other and a floor keeps an all-tie
@@ -38,7 +41,8 @@ import numpy as np
 
 from twice_envs.agents.credit import budget as budget_rules
 from twice_envs.agents.credit.grpo import episode_advantages
-from twice_envs.agents.credit.predictor import decision_index, group_success
+from twice_envs.agents.credit.predictor import decision_index
+from twice_envs.agents.credit_stats import per_decision_rho
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -81,6 +85,12 @@ class TwiceConfig:
     """Self-twins cost nothing (False: charge them their full continuation)."""
     trajectory_term: bool = True
     """Include GRPO's A_traj in the advantage (False: twin credit only)."""
+    twin_scale: str = "batch"
+    """The scale ``sigma_hat`` of the twin term: ``batch`` (the standard deviation of the
+    batch's factual utilities, floored at ``sigma_min``) or ``running`` (the running
+    root-mean-square of the twin credits ``A_hat`` of earlier updates, floored at
+    ``sigma_min``; it puts the twin term itself at unit scale and, fixed before this
+    batch's coins are drawn, keeps ``A_hat / sigma_hat`` unbiased for ``A / sigma_hat``)."""
 
 
 @dataclass
@@ -128,11 +138,13 @@ def branch_probabilities(
     update: int,
     index: Optional[list[tuple[int, int]]] = None,
     cost_scale: float = 1.0,
+    success: Optional[np.ndarray] = None,
 ) -> tuple[np.ndarray, float, np.ndarray, float]:
     """``(q, lambda, costs, budget)`` for every decision (see :class:`TwiceConfig`).
 
     ``cost_scale`` multiplies ``c_t`` when solving for the budget (the realised cost of a
-    twin per token of ``c_t``, see :attr:`PredictorState.cost_scale`).
+    twin per token of ``c_t``, see :attr:`PredictorState.cost_scale`). ``success`` is
+    the per-decision prediction ``p_hat_t`` that mixed-outcome targeting needs.
     """
     index = decision_index(episodes) if index is None else index
     costs = branch_costs(episodes, index)
@@ -143,8 +155,9 @@ def branch_probabilities(
     if config.branching == "uniform":
         q, lam = budget_rules.uniform_rule(unit_costs, target, q_min=config.q_min)
     elif config.branching == "mixed":
-        p = group_success(episodes)
-        q, lam = budget_rules.mixed_outcome_rule([p[i] for i, _ in index], unit_costs, target, q_min=config.q_min)
+        if success is None:
+            raise ValueError("mixed-outcome targeting needs per-decision success predictions p_hat")
+        q, lam = budget_rules.mixed_outcome_rule(success, unit_costs, target, q_min=config.q_min)
     elif config.branching == "sqrt":
         if eta is None:
             raise ValueError("the square-root rule needs predicted discordances eta")
@@ -156,9 +169,10 @@ def branch_probabilities(
 
 
 def twins_per_decision(config: TwiceConfig) -> int:
-    """Episodes run per branched decision, each costing about ``c_t``: ``J K`` twins and
-    ``J - 1`` replicas of the factual turn (one per pair beyond the factual episode)."""
-    return config.pairs * config.star + config.pairs - 1
+    """Episodes run per branched decision, each costing about ``c_t``: ``J K`` twins and,
+    for coupled pairs, ``J - 1`` replicas of the factual turn (one per pair beyond the
+    factual episode; independent counterfactuals all pair with the factual episode)."""
+    return config.pairs * config.star + (config.pairs - 1 if config.coupled else 0)
 
 
 def plan_branches(
@@ -169,14 +183,25 @@ def plan_branches(
     *,
     update: int,
     cost_scale: float = 1.0,
+    success: Optional[np.ndarray] = None,
 ) -> BranchPlan:
     """Branch probabilities and the branch coins ``B_t ~ Bern(q_t)`` for a factual batch."""
     index = decision_index(episodes)
     q, lam, costs, target = branch_probabilities(episodes, config, eta, update=update, index=index,
-                                                 cost_scale=cost_scale)
+                                                 cost_scale=cost_scale, success=success)
     coins = rng.random(len(index)) < q
     eta_arr = np.full(len(index), np.nan) if eta is None else np.asarray(eta, dtype=np.float64)
     return BranchPlan(index, costs, eta_arr, q, coins, lam, target)
+
+
+def same_evidence(factual: EpisodeRecord, turn: int, obs: str, over: bool) -> bool:
+    """Whether an alternative turn got the factual turn's evidence.
+
+    True when the observations are equal and neither the alternative nor the factual
+    turn ended the episode: an observation after the last turn (often ``""``) is no
+    evidence, and a twin that ended has its outcome already, with nothing left to skip.
+    """
+    return (not over) and turn < len(factual.turns) - 1 and obs == factual.turns[turn].obs
 
 
 def evidence_exponent(twin: EpisodeRecord) -> int:
@@ -256,24 +281,43 @@ def sigma_hat(utilities: Sequence[float], sigma_min: float = 0.1) -> float:
     return max(float(u.std()) if u.size else 0.0, sigma_min)
 
 
+def twin_scale(utilities: Sequence[float], config: TwiceConfig, running_rms: float = float("nan")) -> float:
+    """``sigma_hat`` as ``config.twin_scale`` says; ``running_rms`` is the running scale
+    of earlier updates (the batch scale is used until there is one)."""
+    if config.twin_scale == "batch" or (config.twin_scale == "running" and not np.isfinite(running_rms)):
+        return sigma_hat(utilities, config.sigma_min)
+    if config.twin_scale == "running":
+        return max(float(running_rms), config.sigma_min)
+    raise ValueError(f"twin_scale must be batch or running, got {config.twin_scale!r}")
+
+
 def combine(
     episodes: Sequence[EpisodeRecord],
     index: Sequence[tuple[int, int]],
     a_hat: np.ndarray,
     config: TwiceConfig,
+    scale: Optional[float] = None,
 ) -> list[np.ndarray]:
-    """``A_t = A_traj + omega A_hat_t / sigma_hat`` as one array per episode."""
+    """``A_t = A_traj + omega A_hat_t / sigma_hat`` as one array per episode
+    (``scale``: ``sigma_hat``; default the batch scale :func:`sigma_hat`)."""
     util = [ep.utility for ep in episodes]
     a_traj = episode_advantages(util, [ep.group for ep in episodes])
-    scale = sigma_hat(util, config.sigma_min)
+    scale = sigma_hat(util, config.sigma_min) if scale is None else float(scale)
     out = [np.full(len(ep.turns), a_traj[i] if config.trajectory_term else 0.0) for i, ep in enumerate(episodes)]
     for (i, t), a in zip(index, a_hat):
         out[i][t] += config.omega * a / scale
     return out
 
 
-def twin_stats(credit: TwinCredit, plan: BranchPlan, twins: Sequence[EpisodeRecord]) -> dict:
-    """Per-update diagnostics: twin correlation, self-twin and tie shares, branch probability."""
+#: Quantiles of the twin term ``omega A_hat / sigma_hat`` logged per update.
+TERM_QUANTILES = (0.5, 0.9, 0.99)
+
+
+def twin_stats(credit: TwinCredit, plan: BranchPlan, twins: Sequence[EpisodeRecord], *,
+               omega: float = 1.0, scale: float = 1.0) -> dict:
+    """Per-update diagnostics: twin correlations, self-twin and tie shares, branch
+    probability, and the size of the twin term ``omega A_hat / sigma_hat`` over the
+    branched decisions (quantiles of its absolute value, and its maximum)."""
     kept = [(u, v) for (_, u, v, _, k), tw in zip(credit.pairs, twins) if k and not tw.self_twin]
     n = len(twins)
     out = {
@@ -284,12 +328,39 @@ def twin_stats(credit: TwinCredit, plan: BranchPlan, twins: Sequence[EpisodeReco
         "mean_q": float(np.mean(plan.q)) if len(plan.q) else float("nan"),
         "branched_share": float(np.mean(plan.branched)) if len(plan.branched) else float("nan"),
         "rho": pair_correlation(kept),
+        "rho_per_decision": within_decision_rho(credit.pairs),
+        "sigma_hat": float(scale),
     }
+    term = np.abs(omega * credit.a_hat[np.asarray(plan.branched, dtype=bool)] / scale)
+    for qq in TERM_QUANTILES:
+        out[f"twin_term_q{round(qq * 100)}"] = float(np.quantile(term, qq)) if term.size else float("nan")
+    out["twin_term_max"] = float(term.max()) if term.size else float("nan")
     return out
 
 
+def within_decision_rho(pairs: Sequence[tuple[int, float, float, int, bool]]) -> float:
+    """``rho-bar`` from the kept pairs of decisions with at least two of them: each pair is
+    centred on its decision's means of ``U`` and ``U'`` and the centred pairs are pooled
+    (:func:`~twice_envs.agents.credit_stats.per_decision_rho`). It needs ``J >= 2``
+    independent pairs (a star shares one ``U``); NaN otherwise."""
+    by: dict[int, list[tuple[float, float]]] = {}
+    for r, u, v, _, k in pairs:
+        if k:
+            by.setdefault(r, []).append((u, v))
+    rows = [np.asarray(p, dtype=np.float64) for p in by.values() if len(p) >= 2]
+    if not rows:
+        return float("nan")
+    u = np.concatenate([p[:, 0] for p in rows])
+    v = np.concatenate([p[:, 1] for p in rows])
+    mu = np.concatenate([np.full(len(p), p[:, 0].mean()) for p in rows])
+    mv = np.concatenate([np.full(len(p), p[:, 1].mean()) for p in rows])
+    return per_decision_rho(u, v, mu, mv)
+
+
 def pair_correlation(pairs: Sequence[tuple[float, float]]) -> float:
-    """Pearson correlation of ``(U, U')`` over twin pairs (NaN if either side is constant)."""
+    """Pearson correlation of ``(U, U')`` pooled over twin pairs of all decisions (NaN if
+    either side is constant). It counts correlation *between* states too (good states
+    give high ``U`` and ``U'`` alike); :func:`within_decision_rho` does not."""
     if len(pairs) < 2:
         return float("nan")
     a = np.asarray(pairs, dtype=np.float64)

@@ -54,3 +54,44 @@ def test_cost_calibration_tracks_realised_over_expected_tokens():
     assert s.cost_scale == pytest.approx((0.7 * 50 + 100) / (0.7 * 100 + 100))
     back = predictor.PredictorState.from_json(s.to_json())
     assert back.cost_scale == pytest.approx(s.cost_scale)
+
+
+def _group(n, success_prob, rng, group):
+    key = NoiseKey(1, 0)
+    return [EpisodeRecord("E", 0, {}, group=group, utility=float(rng.random() < success_prob),
+                          turns=[TurnRecord([1] * 4, [0.0] * 4, "<search> q </search>", key, entropy=0.5),
+                                 TurnRecord([1] * 2, [0.0] * 2, "<answer> a </answer>", key, entropy=0.5)])
+            for _ in range(n)]
+
+
+def test_success_features_see_the_prefix_not_the_outcome():
+    rng = np.random.default_rng(0)
+    eps = _group(3, 0.5, rng, 0)
+    for ep, u in zip(eps, (1.0, 0.0, 1.0)):
+        ep.utility = u
+    X = predictor.success_features(eps)
+    assert X.shape == (6, predictor.NUM_SUCCESS_FEATURES)
+    # p_others: the other two episodes' success
+    assert X[:, 0].tolist() == pytest.approx([0.5, 0.5, 1.0, 1.0, 0.5, 0.5])
+    np.testing.assert_allclose(X[0], [0.5, 0.25, 0.5, 1.0, 0.0, np.log1p(4) / 6])
+    np.testing.assert_allclose(X[1], [0.5, 0.25, 0.5, 0.0, 0.2, np.log1p(6) / 6])
+    assert predictor.success_features(eps[:1])[0, 0] == 0.5  # alone in its group
+
+
+def test_success_model_learns_which_prefixes_succeed():
+    rng = np.random.default_rng(1)
+    state = predictor.PredictorState()
+    for _ in range(15):
+        eps = []
+        for g in range(40):
+            eps += _group(5, 0.9 if g % 2 else 0.1, rng, g)
+        state = predictor.fit_success(state, eps, rng)
+    test = []
+    for g in range(200):
+        test += _group(5, 0.9 if g % 2 else 0.1, rng, g)
+    p_hat = predictor.predict_success(state, predictor.success_features(test))
+    y = [test[i].utility for i, _ in predictor.decision_index(test)]
+    assert predictor.auc(p_hat, y) > 0.75
+    assert state.weights.tolist() == [0.0] * predictor.NUM_FEATURES  # the discordance model is untouched
+    back = predictor.PredictorState.from_json(state.to_json())
+    assert back.success_weights.tolist() == state.success_weights.tolist()

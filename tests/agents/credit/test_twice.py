@@ -124,3 +124,88 @@ def test_warmup_branches_everything_with_probability_point_three():
     assert np.all(plan.q < 1.0) and np.isfinite(plan.lam)
     spent = float(np.dot(plan.q, plan.costs))
     assert spent == pytest.approx(0.7 * 12, rel=0.03)
+
+
+def test_mixed_outcome_targeting_follows_each_decisions_success_prediction_not_its_cost():
+    eps = [_episode(1.0, 0, 2), _episode(0.0, 0, 2)]
+    eps[0].turns[1] = TurnRecord([1] * 9, [0.0] * 9, "x", NoiseKey(1, 0))  # a dearer decision
+    p_hat = np.array([0.5, 0.1, 0.9, 0.3])  # four decisions of one group, four predictions
+    config = TwiceConfig(branching="mixed", beta=0.2, q_min=0.0)
+    plan = twice.plan_branches(eps, config, None, np.random.default_rng(0), update=99, success=p_hat)
+    score = 2 * p_hat * (1 - p_hat)
+    assert np.all(plan.q < 1)
+    np.testing.assert_allclose(plan.q / plan.q[0], score / score[0], rtol=1e-9)
+    with pytest.raises(ValueError, match="p_hat"):
+        twice.plan_branches(eps, config, None, np.random.default_rng(0), update=99)
+
+
+def test_within_decision_rho_centres_each_decision_on_its_own_means():
+    # decision 0: (1,1),(0,0); decision 1: (1,0),(1,1),(0,0); decision 2 has one pair; one pair not kept.
+    # centred: d0 (.5,.5),(-.5,-.5); d1 u (1/3,1/3,-2/3), v (-1/3,2/3,-1/3)
+    # sum c c' = 1/2 + 1/3, sum c^2 = 1/2 + 2/3 on each side -> rho-bar = (5/6) / (7/6)
+    pairs = [(0, 1, 1, 0, True), (0, 0, 0, 0, True), (1, 1, 0, 0, True), (1, 1, 1, 1, True), (1, 0, 0, 0, True),
+             (2, 1, 0, 0, True), (1, 0, 1, 0, False)]
+    assert twice.within_decision_rho(pairs) == pytest.approx(5 / 7)
+    # between-state correlation: the pooled Pearson is high, the within-decision one is not
+    # (every combination within a decision: no correlation there; the states differ a lot)
+    between = [(r, base + a, base + b, 0, True) for r, base in ((0, 2.0), (1, -2.0)) for a in (0, 1) for b in (0, 1)]
+    assert twice.pair_correlation([(u, v) for _, u, v, _, _ in between]) > 0.8
+    assert twice.within_decision_rho(between) == pytest.approx(0.0, abs=1e-12)
+    assert np.isnan(twice.within_decision_rho([(0, 1, 1, 0, True), (0, 0, 1, 0, True)]))  # U' constant
+    assert np.isnan(twice.within_decision_rho([(0, 1, 0, 0, True)]))
+
+
+def test_twin_term_is_measured_over_branched_decisions():
+    plan = BranchPlan([(0, t) for t in range(5)], np.ones(5), np.zeros(5), np.full(5, 0.5),
+                      np.array([True, True, False, True, True]))
+    credit = twice.TwinCredit(np.array([2.0, -8.0, 0.0, 0.0, 4.0]), np.zeros(5))
+    stats = twice.twin_stats(credit, plan, [], omega=0.5, scale=0.25)
+    term = np.array([4.0, 16.0, 0.0, 8.0])  # |0.5 A_hat / 0.25| of the four branched decisions
+    assert stats["twin_term_max"] == 16.0 and stats["sigma_hat"] == 0.25
+    assert stats["twin_term_q50"] == pytest.approx(np.quantile(term, 0.5))
+    assert stats["twin_term_q90"] == pytest.approx(np.quantile(term, 0.9))
+
+
+def test_running_scale_comes_from_earlier_updates_only():
+    from twice_envs.agents.credit import predictor
+
+    running = TwiceConfig(twin_scale="running")
+    util = [0.0, 0.0, 1.0]
+    assert twice.twin_scale(util, running) == pytest.approx(twice.sigma_hat(util))  # nothing tracked yet
+    state = predictor.track_twin_scale(predictor.PredictorState(), [3.0, -4.0])
+    assert state.twin_rms == pytest.approx(np.sqrt(12.5))
+    state = predictor.track_twin_scale(state, [1.0])
+    assert state.twin_rms == pytest.approx(np.sqrt((0.9 * 25 + 1) / (0.9 * 2 + 1)))
+    assert predictor.PredictorState.from_json(state.to_json()).twin_rms == pytest.approx(state.twin_rms)
+    assert twice.twin_scale(util, running, state.twin_rms) == pytest.approx(state.twin_rms)
+    assert twice.twin_scale(util, running, 0.01) == running.sigma_min
+    eps = [_episode(1.0, 0), _episode(0.0, 0)]
+    out = twice.combine(eps, [(0, 0), (0, 1), (1, 0), (1, 1)], np.array([0.0, 3.0, 0.0, 0.0]), running, 2.0)
+    assert out[0][1] - out[0][0] == pytest.approx(1.5)
+    with pytest.raises(ValueError, match="twin_scale"):
+        twice.twin_scale(util, TwiceConfig(twin_scale="nope"), 1.0)
+
+
+def test_coupled_toy_twins_read_the_factual_keys_after_the_branch(toy_batch, coupled_twins, independent_twins):
+    _, episodes, _, index, _ = toy_batch
+    checked = 0
+    for (i, t), tw, ind in zip(index, coupled_twins, independent_twins):
+        ep = episodes[i]
+        if tw.self_twin:
+            continue
+        seed = tuple(ep.turns[t].noise_key)[0]
+        assert tuple(tw.turns[0].noise_key) == (seed, t, 1, 0, 0)
+        later = [tuple(x.noise_key) for x in tw.turns[1:]]
+        assert later == [tuple(x.noise_key) for x in ep.turns[t + 1: t + 1 + len(later)]]
+        checked += len(later)
+        # an independent counterfactual reads other keys after the branch
+        assert all(tuple(x.noise_key)[0] != seed for x in ind.turns[1:])
+    assert checked > 1000
+
+
+def test_final_turn_twins_are_never_same_evidence(toy_batch, coupled_twins):
+    _, episodes, _, index, _ = toy_batch
+    last = [tw for (i, t), tw in zip(index, coupled_twins) if t == len(episodes[i].turns) - 1 and not tw.self_twin]
+    earlier = [tw for (i, t), tw in zip(index, coupled_twins) if t < len(episodes[i].turns) - 1 and not tw.self_twin]
+    assert len(last) > 100 and not any(tw.same_evidence for tw in last)
+    assert any(tw.same_evidence for tw in earlier)  # same lights earlier on are same evidence
