@@ -122,7 +122,9 @@ def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
         w = config.warmup_updates if m == "twice" else 0  # Twice's warm-up ignores the budget
         tokens[m] = {"aux": int(a_tok.sum()), "policy": int(p_tok.sum()),
                      "aux_per_policy": float(a_tok.sum() / p_tok.sum()),
-                     "budget_ratio": float(a_tok[:, w:].sum() / (config.beta * p_tok[:, w:].sum()))}
+                     # NaN when every update was a warm-up one
+                     "budget_ratio": (float(a_tok[:, w:].sum() / (config.beta * p_tok[:, w:].sum()))
+                                      if p_tok[:, w:].sum() > 0 else float("nan"))}
         log(f"{m}: final V(s0) {curves[m][:, -1].mean():.3f}")
     target = float(curves["grpo"][:, -1].mean()) if "grpo" in curves else float("nan")
     rng = np.random.default_rng(config.seed)
