@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from twice_envs.agents.sampling import sampling_logits
+from twice_envs.noise import sampling_logprobs
 
 
 class PlainSampler:
@@ -24,8 +24,8 @@ class PlainSampler:
         self.gen = torch.Generator().manual_seed(seed)
 
     def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
-        z = sampling_logits(scores, self.temperature, self.top_p)
-        logp = torch.log_softmax(z, -1)
+        # the keyed sampler's distribution (float64 nucleus and log-probs), drawn by torch.multinomial
+        logp = sampling_logprobs(scores.double(), self.temperature, self.top_p)
         p = logp.exp()
         tokens = torch.multinomial(p, 1, generator=self.gen)
         # the same statistics the keyed sampler records (a policy for RL needs them either way)

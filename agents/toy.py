@@ -25,7 +25,7 @@ import numpy as np
 import twice_envs
 from twice_envs import NoiseKey, NoiseSchedule, Protocol, TextEnv, derive_episode_seed
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
-from twice_envs.noise import gumbel_np, key_rows
+from twice_envs.noise import KeyState, keyed_choice, state_rows
 from twice_envs.wrappers.twin import twin
 
 TOY_ID = "CreditToy-v0"
@@ -163,9 +163,11 @@ def sample_actions(policy: ToyPolicy, states: Sequence[tuple[int, Sequence[int]]
     """Keyed Gumbel-max samples for ``(turn, history)`` states, one key each (batched)."""
     if not keys:
         return []
-    g = gumbel_np(key_rows(keys), NUM_ACTIONS)
+    import torch
+
     logits = np.stack([np.log(policy.probs(t, _prev(h))) for t, h in states])
-    return [int(a) for a in np.argmax(logits + g, axis=1)]
+    rows = state_rows([KeyState(k) for k in keys])  # one-token turns: the key base is the token's key
+    return keyed_choice(torch.from_numpy(logits), torch.from_numpy(rows)).tokens.tolist()
 
 
 def _turn_record(policy: ToyPolicy, turn: int, history: Sequence[int], action: int, key: NoiseKey, obs: str, reward: float, digest: str) -> TurnRecord:
