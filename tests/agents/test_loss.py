@@ -71,7 +71,7 @@ def test_ratio_is_one_on_the_first_minibatch(top_p):
 def test_tokens_outside_the_nucleus_give_finite_loss():
     cfg = LossConfig(kl_coef=0.1)
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    new = torch.tensor([[-0.5, -math.inf, 0.0]], requires_grad=True)
+    new = torch.tensor([[-0.5, -math.inf, -math.inf]], requires_grad=True)  # the masked position holds -inf too
     ref = torch.tensor([[-math.inf, -0.2, 0.0]])
     loss, st = ppo_loss(new, torch.tensor([[-0.5, -1.0, 0.0]]), ref, torch.tensor([[1.0, -1.0, 0.0]]), mask, cfg)
     loss.backward()
