@@ -24,8 +24,12 @@ uint32 multiply-high: a 32x32-bit product is formed in int64, where it wraps mod
 2**64 and keeps its low 64 bits exactly, and the high word is recovered by an
 arithmetic shift and a mask).
 
-Sampling (:func:`keyed_sample`) and its distribution (:func:`sampling_logprobs`)
-share one definition of the top-p nucleus, see :func:`nucleus_mask`. Sampling forms
+This module is the one sampler core: every backend (transformers, vLLM's V1 and V2
+processor interfaces, the toy envs) is a thin adapter that keeps one :class:`KeyState`
+per row (key modes, line/pos advance) and runs :func:`keyed_choice` per step.
+
+Sampling (:func:`keyed_sample`, :func:`keyed_choice`) and its distribution
+(:func:`sampling_logprobs`) share one definition of the top-p nucleus, see :func:`nucleus_mask`. Sampling forms
 ``logits / tau + g`` in float64 and, by default, computes noise only for the tokens
 that the bounded noise lets win (an exact shortcut, proved below). The words are
 bit-identical across backends; the float64 Gumbel values may differ in the last bit
