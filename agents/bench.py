@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from twice_envs.agents.sampling import sampling_logits
+from twice_envs.noise import sampling_logprobs
 
 
 class PlainSampler:
@@ -24,8 +24,8 @@ class PlainSampler:
         self.gen = torch.Generator().manual_seed(seed)
 
     def __call__(self, input_ids, scores: torch.Tensor) -> torch.Tensor:
-        z = sampling_logits(scores, self.temperature, self.top_p)
-        logp = torch.log_softmax(z, -1)
+        # the keyed sampler's distribution (float64 nucleus and log-probs), drawn by torch.multinomial
+        logp = sampling_logprobs(scores.double(), self.temperature, self.top_p)
         p = logp.exp()
         tokens = torch.multinomial(p, 1, generator=self.gen)
         # the same statistics the keyed sampler records (a policy for RL needs them either way)
@@ -67,9 +67,16 @@ def sampler_main(argv: Sequence[str]) -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=None, help="CPU threads while generating (default: the policy's)")
     parser.add_argument("--quick", action="store_true", help="tiny model, batch 8, 8 tokens, 1 repeat")
+    parser.add_argument("--vllm", metavar="MODEL", default=None,
+                        help="also measure keyed vs plain sampling inside vLLM on MODEL (needs vLLM; "
+                             "batch 8, 64 tokens, 2 repeats) and skip the transformers table when --models is ''")
     args = parser.parse_args(argv)
     if args.quick:
         args.models, args.batches, args.tokens, args.repeats = "tiny", "8", 8, 1
+    if args.vllm:
+        code = _vllm_overhead(args.vllm, args.top_p)
+        if code or not args.models:
+            return code
 
     from twice_envs.agents.models import load_policy
     from twice_envs.agents.policy import SamplingConfig
@@ -105,6 +112,40 @@ def sampler_main(argv: Sequence[str]) -> int:
           "sampler ovh = (keyed sampler time - plain sampler time) / plain generation time: the cost of the keys,\n"
           "  both samplers doing temperature, nucleus and log-probs (plain: torch.multinomial);\n"
           "keyed sampler share = time inside the keyed sampler / keyed generation time")
+    return 0
+
+
+def _vllm_overhead(model: str, top_p: float) -> int:
+    """Runs :mod:`twice_envs.agents.vllm_bench` in a child process (vLLM engines need a main module)."""
+    import json
+    import os
+    import subprocess
+
+    from twice_envs._deps import available
+
+    if not available("vllm"):
+        print("vLLM is not installed: pip install 'twice-envs[vllm]' (on CPU: see tests/sidecar/vllm_cpu.sh)")
+        return 2
+    from twice_envs.agents.models import resolve_model_dir
+
+    path = str(resolve_model_dir(model))
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # the CPU backend otherwise asks for most of the machine's memory
+    cmd = [sys.executable, "-m", "twice_envs.agents.vllm_bench", "--model", path, "--top-p", str(top_p)]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    line = next((x for x in res.stdout.splitlines() if x.startswith("VLLM_BENCH ")), None)
+    if res.returncode or line is None:
+        # vLLM logs to stdout and stderr alike: show both
+        print(f"vLLM benchmark failed (exit {res.returncode})\n--- stdout (tail)\n{res.stdout[-4000:]}\n"
+              f"--- stderr (tail)\n{res.stderr[-4000:]}")
+        return 1
+    r = json.loads(line[len("VLLM_BENCH "):])
+    print(f"vLLM {r['vllm']} ({r['processor']}), {model}, batch {r['batch']}, {r['tokens']} tokens per row, "
+          f"top_p {top_p}:")
+    print(f"  keyed requests        {', '.join(f'{x:.1f}' for x in r['keyed_tok_s'])} tokens/s")
+    print(f"  no processor (plain)  {', '.join(f'{x:.1f}' for x in r['plain_tok_s'])} tokens/s")
+    print(f"  keyed overhead (best of each): {r['overhead_pct']:.1f}%")
+    sys.stdout.flush()
     return 0
 
 

@@ -7,8 +7,12 @@ Per generated token ``i`` of turn ``t`` (observation and prompt tokens never ent
     kl_i = exp(logp_ref_i - logp_new_i) - (logp_ref_i - logp_new_i) - 1   (the k3 estimator, >= 0)
     loss = mean over the batch's generated tokens of (pg_i + kl_coef kl_i)
 
-Log-probs are those of the tempered distribution ``softmax(logits / tau)`` the turns
-were sampled from (top-p only prunes sampling; it is not applied in the loss).
+Log-probs are those of the distribution the turns were sampled from: temperature
+``tau`` and the top-p nucleus, renormalised over the nucleus
+(:func:`twice_envs.noise.sampling_logprobs`, the same definition the sampler and the
+recorded rollout log-probs use), so the ratio is exactly 1 before the first update.
+A token outside the new nucleus gets log-prob ``-inf`` (ratio 0, clipped like any
+small ratio when its advantage is negative).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
+
+from twice_envs.noise import sampling_logprobs
 
 from twice_envs.agents.sequence import pack_episode
 from twice_envs.agents.types import EpisodeRecord
@@ -32,7 +38,9 @@ class LossConfig:
     kl_coef: float = 0.001
     """Weight of the KL penalty to the frozen reference policy."""
     temperature: float = 1.0
-    """Sampling temperature the log-probs are taken at."""
+    """Sampling temperature the log-probs are taken at (the rollouts' temperature)."""
+    top_p: float = 1.0
+    """Nucleus mass the log-probs are renormalised over (the rollouts' top-p)."""
 
 
 @dataclass
@@ -90,8 +98,12 @@ def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pa
     return out
 
 
-def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0) -> torch.Tensor:
+def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0,
+                   top_p: float = 1.0) -> torch.Tensor:
     """``(B, L)`` log-prob of each generated token given the tokens before it (0 elsewhere).
+
+    Under the sampling distribution (``temperature``, nucleus ``top_p``) of
+    :func:`twice_envs.noise.sampling_logprobs`, differentiable.
 
     The output head runs only at the positions that predict a generated token (a
     fraction of the sequence: prompts and observations dominate), when the model
@@ -104,7 +116,7 @@ def token_logprobs(model: torch.nn.Module, batch: PackedBatch, temperature: floa
         logits = head(hidden[target]).float()
     else:
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits[:, :-1][target].float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
+    logp = sampling_logprobs(logits, temperature, top_p)
     lp = logp.gather(-1, batch.input_ids[:, 1:][target][:, None]).squeeze(-1)
     out = torch.zeros(batch.input_ids.shape, dtype=lp.dtype, device=lp.device)
     rows, cols = torch.nonzero(target, as_tuple=True)
@@ -127,12 +139,19 @@ def ppo_loss(
     """
     mask = loss_mask.float()
     n = float(num_tokens if num_tokens is not None else max(mask.sum().item(), 1.0))
-    log_ratio = (new_logprobs - old_logprobs) * mask
+    on = mask > 0
+    zero = torch.zeros_like(new_logprobs)
+    # where (not a product with the mask): a token outside a nucleus has log-prob -inf,
+    # and -inf * 0 would be nan
+    log_ratio = torch.where(on, new_logprobs - old_logprobs, zero)
     ratio = torch.exp(log_ratio)
     pg1 = ratio * advantages
     pg2 = torch.clamp(ratio, 1 - config.clip_eps, 1 + config.clip_eps) * advantages
     pg = -torch.minimum(pg1, pg2)
-    d = (ref_logprobs - new_logprobs) * mask
+    # the k3 estimator is infinite for a token outside the new or the reference nucleus
+    # (top_p < 1): such tokens carry no KL term rather than an infinite one
+    both = on & torch.isfinite(new_logprobs) & torch.isfinite(ref_logprobs)
+    d = torch.where(both, ref_logprobs - new_logprobs, zero)
     kl = torch.exp(d) - d - 1
     loss = ((pg + config.kl_coef * kl) * mask).sum() / n
     with torch.no_grad():

@@ -38,7 +38,7 @@ class SamplingConfig:
     greedy: bool = False
     """Plain argmax (evaluation); log-probs are still those of the sampling distribution."""
     key_mode: str = "line"
-    """``line`` (DESIGN default), ``flat``, ``counter`` or ``ngram`` (see :mod:`~twice_envs.agents.sampling`)."""
+    """``line`` (DESIGN default), ``flat``, ``counter`` or ``ngram`` (see :class:`twice_envs.noise.KeyState`)."""
 
     def __post_init__(self) -> None:
         if self.key_mode not in KEY_MODES:
@@ -256,6 +256,7 @@ class HFPolicy:
             top_p=sampling.top_p,
             key_mode=sampling.key_mode,
             token_counters=[r.token_counter for r in requests],
+            contexts=[list(r.prompt_ids) for r in requests],
             greedy=sampling.greedy,
         )
 
@@ -352,8 +353,6 @@ class HFPolicy:
         done = [False] * n
         reason = ["length"] * n
         texts = [""] * n
-        context = torch.tensor([p[-4:] + [self.pad_id] * (4 - len(p[-4:])) for p in prompts], dtype=torch.long) \
-            if sampling.key_mode == "ngram" else None
         t_sampler = 0.0
         lp_rows: list[list[float]] = [[] for _ in range(n)]
         ent_rows: list[list[float]] = [[] for _ in range(n)]
@@ -362,7 +361,7 @@ class HFPolicy:
             if keyed:
                 if step:
                     proc.advance(tokens_cpu)
-                tokens = proc.choose(logits, context)
+                tokens = proc.choose(logits)
                 lp_step = proc.logprobs[-1].tolist()
                 ent_step = proc.entropies[-1].tolist()
             else:
@@ -389,8 +388,6 @@ class HFPolicy:
                         done[b], reason[b], texts[b] = True, "stop", cut
             if all(done) or step == sampling.max_new_tokens - 1:
                 break
-            if context is not None:
-                context = torch.cat([context[:, 1:], tokens_cpu[:, None]], dim=1)
             mask_d = torch.cat([mask_d, torch.ones((n, 1), dtype=torch.long, device=dev)], dim=1)
             logits, cache = self._forward(tokens.to(dev)[:, None], mask_d, next_pos[:, None].to(dev), cache)
             next_pos = next_pos + 1

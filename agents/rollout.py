@@ -207,12 +207,11 @@ def _factual_context(ep: EpisodeRecord, turn: int) -> tuple[list[int], int]:
 @torch.no_grad()
 def score_tokens(policy, context: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> tuple[list[float], float]:
     """Log-probs of ``tokens`` after ``context`` under the sampling distribution, and the mean entropy."""
-    from twice_envs.agents.sampling import sampling_logits
+    from twice_envs.noise import sampling_logprobs
 
     ids = torch.tensor([list(context) + list(tokens)], dtype=torch.long, device=policy.device)
     logits = policy.model(input_ids=ids).logits[0, len(context) - 1: -1]
-    z = sampling_logits(logits, sampling.temperature, sampling.top_p)
-    logp = torch.log_softmax(z, -1)
+    logp = sampling_logprobs(logits.double(), sampling.temperature, sampling.top_p)
     p = logp.exp()
     ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
     lp = logp.gather(-1, torch.tensor(list(tokens), device=logp.device)[:, None]).squeeze(-1)

@@ -44,7 +44,7 @@ import twice_envs
 from twice_envs import NoiseKey, NoiseSchedule, Protocol, TextEnv, derive_episode_seed
 from twice_envs.agents.credit.twice import same_evidence
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
-from twice_envs.noise import gumbel_np, key_rows
+from twice_envs.noise import KeyState, keyed_choice, state_rows
 from twice_envs.wrappers.twin import twin
 
 TOY_ID = "CreditToy-v0"
@@ -201,9 +201,12 @@ def sample_actions(policy, states: Sequence, keys: Sequence[NoiseKey]) -> list[i
     """Keyed Gumbel-max samples for policy states, one key each (batched)."""
     if not keys:
         return []
-    logp = np.stack([np.log(policy.action_probs(s)) for s in states])
-    g = gumbel_np(key_rows(keys), logp.shape[1])
-    return [int(a) for a in np.argmax(logp + g, axis=1)]
+    import torch
+
+    with np.errstate(divide="ignore"):  # an impossible action has log-probability -inf
+        logits = np.stack([np.log(policy.action_probs(s)) for s in states])
+    rows = state_rows([KeyState(k) for k in keys])  # one-token turns: the key base is the token's key
+    return keyed_choice(torch.from_numpy(logits), torch.from_numpy(rows)).tokens.tolist()
 
 
 def _turn_record(policy, state, action: int, key: NoiseKey, obs: str, reward: float, digest: str) -> TurnRecord:

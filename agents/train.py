@@ -367,7 +367,7 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
 
     from twice_envs.agents.loss import LossConfig, pack, ppo_loss, token_logprobs
 
-    lcfg = LossConfig(config.clip_eps, config.kl_coef, config.temperature)
+    lcfg = LossConfig(config.clip_eps, config.kl_coef, config.temperature, config.top_p)
     model = state.policy.model
     pad = getattr(state.policy, "pad_id", 0)
     # minibatches of similar lengths waste little padding (random order within a length)
@@ -379,8 +379,8 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
         batch = pack([episodes[i] for i in chunk], [advantages[i] for i in chunk], pad_id=pad)
         n = max(batch.num_tokens, 1)
         with torch.no_grad():
-            ref = token_logprobs(state.reference, batch, config.temperature)
-        new = token_logprobs(model, batch, config.temperature)
+            ref = token_logprobs(state.reference, batch, config.temperature, config.top_p)
+        new = token_logprobs(model, batch, config.temperature, config.top_p)
         loss, stats = ppo_loss(new, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, lcfg, n)
         state.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -20,7 +20,9 @@ class TurnRecord:
     Attributes:
         token_ids: the generated tokens (loss mask 1).
         logprobs: log-prob of each generated token under the sampling distribution
-            (temperature and top-p applied), from the policy that generated it.
+            (``softmax(logits / temperature)`` renormalised over the top-p nucleus,
+            :func:`twice_envs.noise.sampling_logprobs`), from the policy that generated
+            it; the PPO loss recomputes the same quantity, so its ratio starts at 1.
         text: the decoded turn (the env's action).
         noise_key: key base ``(episode_seed, turn, branch, 0, 0)`` the turn was sampled with.
         obs: the env's answer to the turn.

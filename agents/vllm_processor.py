@@ -1,32 +1,40 @@
-"""Keyed sampling in vLLM (V1 engine): a logits processor with per-request state.
+"""Keyed sampling in vLLM: the per-request logic shared by both processor interfaces,
+and the processor for vLLM's V1 model runner (the ``BatchUpdate`` interface).
 
 vLLM keeps a persistent batch whose rows are added, removed and moved between steps,
-so the sampler state lives per *request* (a :class:`RequestKeyState`), and the row
-index is only where the request sits now. A request opts in by carrying its key base
-in ``SamplingParams.extra_args``::
+so the sampler state lives per *request* (a :class:`KeyedRequest` around the core's
+:class:`~twice_envs.noise.KeyState`), and the row index is only where the request sits
+now. A request opts in by carrying its key base in ``SamplingParams.extra_args``::
 
-    SamplingParams(temperature=1.0, max_tokens=128, extra_args={
+    SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=128, extra_args={
         "twice_key": [episode_seed, turn, branch],     # the env's info["noise_key"] base
         "twice_temperature": 1.0, "twice_top_p": 1.0,  # the keyed sampling distribution
         "twice_key_mode": "line", "twice_token_counter": 0})
 
-The processor replaces the row's logits by ``0`` at the keyed sample and ``-inf``
-elsewhere, so whatever vLLM's own sampler does next, it emits that token (exactly the
-token :class:`~twice_envs.agents.sampling.KeyedLogitsProcessor` emits for the same
-logits and key). The state logic (:class:`KeyedBatchState`) is plain Python and
-torch, tested without vLLM; :func:`make_vllm_processor_class` wraps it in vLLM's
-``LogitsProcessor`` interface and needs vLLM installed.
+(:func:`keyed_extra_args` builds it.) The processor replaces the row's logits by ``0``
+at the keyed sample (:func:`twice_envs.noise.keyed_choice`) and ``-inf`` elsewhere, so
+whatever vLLM's own sampler does next, it emits that token: exactly the token
+:class:`~twice_envs.agents.sampling.KeyedLogitsProcessor` emits for the same logits and
+key. Leave vLLM's own temperature at 1 and top-p at 1 (its scaling cannot change a
+forced row's argmax, but its top-k/top-p could only waste time).
+
+Which interface: vLLM >= 0.32 on CUDA runs Model Runner V2, which accepts only
+processors of its own interface (:mod:`twice_envs.agents.vllm_v2_processor`); older
+vLLM, and vLLM on CPU (where Model Runner V2 is not available), run the V1 model runner
+and this module's processor. :func:`make_vllm_processor_class` picks by the installed
+version. The state logic is plain Python and torch, tested without vLLM.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from twice_envs.agents.sampling import KEY_MODES, keyed_argmax, ngram_hash, sampling_logits, seed_words
+from twice_envs.agents.sampling import force_tokens
 from twice_envs.keys import NoiseKey
+from twice_envs.noise import KEY_MODES, KeyState, keyed_choice, state_rows
 
 EXTRA_KEY = "twice_key"
 
@@ -44,81 +52,84 @@ def keyed_extra_args(key: NoiseKey, *, temperature: float = 1.0, top_p: float = 
 
 
 @dataclass
-class RequestKeyState:
-    """The keyed-sampling state of one request (moves with the request, never with a row)."""
+class KeyedRequest:
+    """The keyed-sampling state of one vLLM request (moves with the request, never with a row)."""
 
-    key: NoiseKey
+    state: KeyState
+    """The core key state (key base, mode, line/pos counters, n-gram context)."""
     temperature: float
+    """Temperature of the keyed sampling distribution."""
     top_p: float
-    key_mode: str
-    token_counter: int
-    output_ids: list  # a live reference to the request's output tokens (vLLM appends to it)
-    prompt_tail: list = field(default_factory=list)
+    """Nucleus mass of the keyed sampling distribution."""
     seen: int = 0
-    line: int = 0
-    pos: int = 0
+    """Output tokens already folded into :attr:`state`."""
 
     @classmethod
-    def from_extra_args(cls, extra: Optional[Mapping], prompt_ids: Optional[Sequence[int]],
-                        output_ids: list) -> Optional["RequestKeyState"]:
+    def from_extra_args(cls, extra: Optional[Mapping], prompt_ids: Optional[Sequence[int]] = ()) -> Optional["KeyedRequest"]:
+        """The request's state from its ``extra_args`` (``None`` when it carries no key); bad values raise ``ValueError``."""
         if not extra or EXTRA_KEY not in extra:
             return None
-        seed, turn, branch = (int(v) for v in extra[EXTRA_KEY])
+        try:
+            seed, turn, branch = (int(v) for v in extra[EXTRA_KEY])
+            tau = float(extra.get("twice_temperature", 1.0))
+            top_p = float(extra.get("twice_top_p", 1.0))
+            counter = int(extra.get("twice_token_counter", 0))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"bad keyed sampling extra_args {dict(extra)!r}: {e}") from None
         mode = str(extra.get("twice_key_mode", "line"))
         if mode not in KEY_MODES:
             raise ValueError(f"twice_key_mode must be one of {KEY_MODES}, got {mode!r}")
-        tau = float(extra.get("twice_temperature", 1.0))
-        top_p = float(extra.get("twice_top_p", 1.0))
         if not tau > 0 or not 0 < top_p <= 1:
             raise ValueError(f"bad keyed sampling parameters: temperature {tau}, top_p {top_p}")
-        return cls(NoiseKey(seed, turn, branch), tau, top_p, mode, int(extra.get("twice_token_counter", 0)),
-                   output_ids, list(prompt_ids or [])[-4:])
+        return cls(KeyState(NoiseKey(seed, turn, branch), mode, counter, list(prompt_ids or ())), tau, top_p)
 
-    def catch_up(self, newline_table: torch.Tensor) -> None:
-        """Advance line/pos past the output tokens appended since the last step."""
+    def catch_up(self, outputs: Sequence[int], newline_table: torch.Tensor, start: int = 0) -> None:
+        """Fold ``outputs`` (the request's output tokens ``start, start + 1, ...``) past :attr:`seen`."""
         n = newline_table.numel()
-        while self.seen < len(self.output_ids):
-            t = int(self.output_ids[self.seen])
-            if 0 <= t < n and bool(newline_table[t]):
-                self.line, self.pos = self.line + 1, 0
-            else:
-                self.pos += 1
+        for i in range(self.seen - start, len(outputs)):
+            t = int(outputs[i])
+            self.state.advance(t, 0 <= t < n and bool(newline_table[t]))
             self.seen += 1
 
-    def key_row(self) -> list[int]:
-        lo, hi = seed_words(self.key.episode_seed)
-        k = self.key
-        if self.key_mode == "line":
-            return [lo, hi, k.turn, k.branch, self.line, self.pos]
-        if self.key_mode == "flat":
-            return [lo, hi, k.turn, k.branch, 0, self.seen]
-        if self.key_mode == "counter":
-            return [lo, hi, 0, k.branch, 0, self.token_counter + self.seen]
-        context = (self.prompt_tail + [int(t) for t in self.output_ids])[-4:]
-        return [lo, hi, ngram_hash(context), k.branch, 0, 0]
+
+def force_keyed_rows(logits: torch.Tensor, rows: Sequence[int], requests: Sequence[KeyedRequest]) -> None:
+    """Force ``logits[rows[i]]`` (in place) to the keyed sample of ``requests[i]``.
+
+    Rows are grouped by sampling distribution; each group is one :func:`keyed_choice` call.
+    """
+    groups: dict[tuple[float, float], list[int]] = {}
+    for i, req in enumerate(requests):
+        groups.setdefault((req.temperature, req.top_p), []).append(i)
+    for (tau, top_p), members in groups.items():
+        idx = torch.tensor([rows[i] for i in members], dtype=torch.long, device=logits.device)
+        keys = torch.from_numpy(state_rows([requests[i].state for i in members])).to(logits.device)
+        tokens = keyed_choice(logits[idx], keys, temperature=tau, top_p=top_p).tokens
+        logits[idx] = force_tokens(logits[idx], tokens)
 
 
 class KeyedBatchState:
-    """Row index -> :class:`RequestKeyState`, updated from vLLM's batch updates."""
+    """Row index -> keyed request, updated from the V1 runner's batch updates."""
 
     def __init__(self, newline_table: torch.Tensor) -> None:
-        self.newline_table = newline_table
-        self.rows: dict[int, RequestKeyState] = {}
+        self.newline_table = newline_table.cpu()
+        #: row -> (request state, live reference to the request's output tokens)
+        self.rows: dict[int, tuple[KeyedRequest, list]] = {}
 
     def update(self, removed: Sequence[int], added: Sequence[tuple], moved: Sequence[tuple]) -> None:
         """Apply a batch update in vLLM's order: removed, added, moved.
 
-        ``added``: ``(index, extra_args, prompt_ids, output_ids)``; ``moved``:
-        ``(i, j, swap)`` where ``swap`` is True for a two-way swap, False for a move i -> j.
+        ``added``: ``(index, extra_args, prompt_ids, output_ids)`` where ``output_ids`` is
+        the live list vLLM appends to; ``moved``: ``(i, j, swap)`` where ``swap`` is True
+        for a two-way swap, False for a move i -> j.
         """
         for i in removed:
             self.rows.pop(int(i), None)
         for index, extra, prompt_ids, output_ids in added:
-            state = RequestKeyState.from_extra_args(extra, prompt_ids, output_ids)
-            if state is None:
+            req = KeyedRequest.from_extra_args(extra, prompt_ids)
+            if req is None:
                 self.rows.pop(int(index), None)
             else:
-                self.rows[int(index)] = state
+                self.rows[int(index)] = (req, output_ids)
         for i, j, swap in moved:
             a, b = self.rows.pop(int(i), None), self.rows.pop(int(j), None)
             if a is not None:
@@ -128,22 +139,26 @@ class KeyedBatchState:
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Force each keyed row's logits to its keyed sample (other rows are left alone)."""
-        if not self.rows:
-            return logits
-        groups: dict[tuple[float, float], list[int]] = {}
-        for i, st in self.rows.items():
+        rows, reqs = [], []
+        for i, (req, outputs) in self.rows.items():
             if i < logits.shape[0]:
-                st.catch_up(self.newline_table)
-                groups.setdefault((st.temperature, st.top_p), []).append(i)
-        for (tau, top_p), idx in groups.items():
-            rows = torch.tensor(idx, dtype=torch.long, device=logits.device)
-            z = sampling_logits(logits[rows].float(), tau, top_p)
-            keys = torch.tensor([self.rows[i].key_row() for i in idx], dtype=torch.int64)
-            tokens = keyed_argmax(z, keys.to(z.device))
-            forced = torch.full((len(idx), logits.shape[1]), float("-inf"), dtype=logits.dtype, device=logits.device)
-            forced.scatter_(1, tokens[:, None], 0.0)
-            logits[rows] = forced
+                req.catch_up(outputs, self.newline_table)
+                rows.append(i)
+                reqs.append(req)
+        if rows:
+            force_keyed_rows(logits, rows, reqs)
         return logits
+
+
+def model_newline_table(vllm_config: Any) -> torch.Tensor:
+    """:func:`~twice_envs.agents.sampling.newline_token_table` of a vLLM engine's model (at engine start)."""
+    from transformers import AutoTokenizer
+
+    from twice_envs.agents.sampling import newline_token_table
+
+    cfg = vllm_config.model_config
+    tok = AutoTokenizer.from_pretrained(cfg.tokenizer, trust_remote_code=bool(getattr(cfg, "trust_remote_code", False)))
+    return newline_token_table(tok, cfg.get_vocab_size())
 
 
 try:  # the vLLM class exists only where vLLM is installed
@@ -156,20 +171,14 @@ except ImportError:
 if _VLLMLogitsProcessor is not None:
 
     class TwiceKeyedLogitsProcessor(_VLLMLogitsProcessor):
-        """Keyed Gumbel sampling per request (module level: vLLM pickles it into its workers)."""
+        """Keyed Gumbel sampling per request, V1 model runner (module level: vLLM pickles it into its workers)."""
 
         def __init__(self, vllm_config: Any, device: torch.device, is_pin_memory: bool) -> None:
-            from transformers import AutoTokenizer
-
-            from twice_envs.agents.sampling import newline_token_table
-
-            tok = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
-            table = newline_token_table(tok, vllm_config.model_config.get_vocab_size())
-            self.state = KeyedBatchState(table)
+            self.state = KeyedBatchState(model_newline_table(vllm_config))
 
         @classmethod
         def validate_params(cls, sampling_params: Any) -> None:
-            RequestKeyState.from_extra_args(sampling_params.extra_args, [], [])
+            KeyedRequest.from_extra_args(sampling_params.extra_args)
 
         def is_argmax_invariant(self) -> bool:
             return False
@@ -186,15 +195,44 @@ if _VLLMLogitsProcessor is not None:
             return self.state.apply(logits)
 
 
-def make_vllm_processor_class() -> type:
-    """vLLM's ``LogitsProcessor`` subclass around :class:`KeyedBatchState` (needs vLLM).
+#: The first vLLM release whose GPU model runner (V2) takes only V2-interface processors.
+V2_MIN_VERSION = (0, 32)
 
-    Pass it in ``LLM(..., logits_processors=[cls])``; the newline table comes from the
-    model's tokenizer at engine start.
+
+def uses_v2_interface(version: str, device_type: str = "cuda") -> bool:
+    """Whether vLLM ``version`` on ``device_type`` runs Model Runner V2 (and needs the V2 processor).
+
+    Model Runner V2 needs Triton on a GPU; vLLM on CPU falls back to the V1 runner.
+    """
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits or 0))
+    return device_type == "cuda" and tuple(parts) >= V2_MIN_VERSION
+
+
+def make_vllm_processor_class(interface: Optional[str] = None) -> type:
+    """The keyed processor class for the installed vLLM (needs vLLM).
+
+    ``interface`` is ``"v1"``, ``"v2"`` or ``None`` (pick by the installed version and
+    device: :func:`uses_v2_interface`). Pass it in ``LLM(..., logits_processors=[cls])``;
+    the newline table comes from the model's tokenizer at engine start.
     """
     from twice_envs._deps import require
 
-    require("vllm", "vllm", "the vLLM backend")
+    vllm = require("vllm", "vllm", "the vLLM backend")
+    if interface is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        interface = "v2" if uses_v2_interface(vllm.__version__, device) else "v1"
+    if interface == "v2":
+        from twice_envs.agents.vllm_v2_processor import make_v2_processor_class
+
+        return make_v2_processor_class()
+    if interface != "v1":
+        raise ValueError(f"interface must be 'v1', 'v2' or None, got {interface!r}")
+    if _VLLMLogitsProcessor is None:
+        raise ImportError(f"vLLM {vllm.__version__} has no V1 logits processor interface "
+                          "(vllm.v1.sample.logits_processor); use interface='v2'")
     return TwiceKeyedLogitsProcessor
 
 

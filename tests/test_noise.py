@@ -474,19 +474,6 @@ def test_line_pos_rule():
     assert N.newline_token_mask(texts).tolist() == [False, True, False, True, True, False, False]
 
 
-def test_line_pos_rule_torch_matches_scalar():
-    rng = np.random.default_rng(81)
-    B, T = 16, 40
-    nl = rng.random((T, B)) < 0.2
-    line = torch.zeros(B, dtype=torch.int64)
-    pos = torch.zeros(B, dtype=torch.int64)
-    ref = [(0, 0)] * B
-    for t in range(T):
-        line, pos = N.advance_line_pos_torch(line, pos, torch.from_numpy(nl[t]))
-        ref = [N.advance_line_pos(lp[0], lp[1], bool(nl[t, b])) for b, lp in enumerate(ref)]
-        assert list(zip(line.tolist(), pos.tolist())) == ref
-
-
 # --------------------------------------------------------------------------- CUDA
 
 

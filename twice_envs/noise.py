@@ -24,8 +24,12 @@ uint32 multiply-high: a 32x32-bit product is formed in int64, where it wraps mod
 2**64 and keeps its low 64 bits exactly, and the high word is recovered by an
 arithmetic shift and a mask).
 
-Sampling (:func:`keyed_sample`) and its distribution (:func:`sampling_logprobs`)
-share one definition of the top-p nucleus, see :func:`nucleus_mask`. Sampling forms
+This module is the one sampler core: every backend (transformers, vLLM's V1 and V2
+processor interfaces, the toy envs) is a thin adapter that keeps one :class:`KeyState`
+per row (key modes, line/pos advance) and runs :func:`keyed_choice` per step.
+
+Sampling (:func:`keyed_sample`, :func:`keyed_choice`) and its distribution
+(:func:`sampling_logprobs`) share one definition of the top-p nucleus, see :func:`nucleus_mask`. Sampling forms
 ``logits / tau + g`` in float64 and, by default, computes noise only for the tokens
 that the bounded noise lets win (an exact shortcut, proved below). The words are
 bit-identical across backends; the float64 Gumbel values may differ in the last bit
@@ -41,7 +45,8 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -54,8 +59,11 @@ __all__ = [
     "G_MAX",
     "G_MIN",
     "G_RANGE",
+    "KEY_MODES",
+    "KeyState",
+    "KeyedChoice",
+    "NGRAM",
     "advance_line_pos",
-    "advance_line_pos_torch",
     "gumbel_np",
     "gumbel_torch",
     "key_rows",
@@ -63,7 +71,9 @@ __all__ = [
     "newline_token_mask",
     "SKIP_GAP",
     "keyed_sample",
+    "keyed_choice",
     "keyed_sample_np",
+    "ngram_hash",
     "nucleus_mask",
     "nucleus_mask_np",
     "philox4x32_10",
@@ -72,6 +82,8 @@ __all__ = [
     "philox_words_torch",
     "sampling_logprobs",
     "sampling_logprobs_np",
+    "seed_words",
+    "state_rows",
     "token_key",
     "token_keys_np",
     "token_keys_torch",
@@ -871,6 +883,58 @@ def keyed_sample_np(
     return (s + gumbel_np(key_rows, s.shape[1])).argmax(-1).astype(np.int64)
 
 
+# --------------------------------------------------------------------------- sampling step
+
+
+class KeyedChoice(NamedTuple):
+    """One sampling step of a batch: the emitted tokens and their statistics (all ``(B,)``)."""
+
+    tokens: "torch.Tensor"
+    """The emitted token of every row (int64)."""
+    logprobs: "torch.Tensor"
+    """Log-prob of each emitted token under the sampling distribution (float64)."""
+    entropy: "torch.Tensor"
+    """Entropy of each row's sampling distribution (float64)."""
+
+
+def keyed_choice(
+    logits: "torch.Tensor",
+    key_rows: "torch.Tensor",
+    *,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+) -> KeyedChoice:
+    """:func:`keyed_sample` together with the log-prob of each token and the entropy.
+
+    The one sampling step every backend adapter runs (transformers, vLLM, the toy envs):
+    the nucleus is computed once and shared by the sample and its log-probs, so a token
+    always lies in the support its log-prob describes. Tokens are exactly those of
+    ``keyed_sample(logits, key_rows, temperature=..., top_p=...)`` (the scaled float64
+    logits are formed by the same operations); ``greedy`` emits the plain argmax and
+    still reports the sampling distribution's log-prob.
+    """
+    torch = _torch()
+    _check_sampling(temperature, top_p)
+    if temperature == 0.0:
+        raise ValueError("keyed_choice needs temperature > 0 (use greedy=True for the argmax)")
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be (B, V), got {tuple(logits.shape)}")
+    with torch.no_grad():
+        s = logits.detach().to(torch.float64) / float(temperature)
+        if top_p < 1.0:
+            s.masked_fill_(~_nucleus_of_scaled(s, top_p), -math.inf)
+        if greedy:
+            tokens = s.argmax(dim=-1)
+        else:
+            # s is already scaled and restricted, so keyed_sample adds nothing to it
+            tokens = keyed_sample(s, key_rows, temperature=1.0, top_p=1.0)
+        logp = torch.log_softmax(s, dim=-1)
+        p = logp.exp()
+        entropy = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+        return KeyedChoice(tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), entropy)
+
+
 # --------------------------------------------------------------------------- line / pos
 
 
@@ -883,15 +947,108 @@ def advance_line_pos(line: int, pos: int, token_has_newline: bool) -> Tuple[int,
     return (line + 1, 0) if token_has_newline else (line, pos + 1)
 
 
-def advance_line_pos_torch(
-    line: "torch.Tensor", pos: "torch.Tensor", token_has_newline: "torch.Tensor"
-) -> Tuple["torch.Tensor", "torch.Tensor"]:
-    """Vectorised :func:`advance_line_pos` over ``(B,)`` tensors (returns new tensors)."""
-    torch = _torch()
-    nl = token_has_newline.to(torch.bool)
-    return line + nl.to(line.dtype), torch.where(nl, torch.zeros_like(pos), pos + 1)
-
-
 def newline_token_mask(token_texts: Sequence[str]) -> np.ndarray:
     """``mask[v]`` is True when the text of token ``v`` contains a newline."""
     return np.fromiter(("\n" in t for t in token_texts), dtype=bool, count=len(token_texts))
+
+
+# --------------------------------------------------------------------------- per-row key state
+
+#: How the key of each generated token is formed from the turn's key base (see :class:`KeyState`).
+KEY_MODES = ("line", "flat", "counter", "ngram")
+#: Context length of the ``ngram`` key mode.
+NGRAM = 4
+
+
+def seed_words(seed: int) -> Tuple[int, int]:
+    """``(seed_lo32, seed_hi32)`` of a 64-bit episode seed."""
+    seed = int(seed)
+    if not 0 <= seed <= UINT64_MAX:
+        raise ValueError(f"episode_seed must be a uint64, got {seed}")
+    return seed & MASK32, seed >> 32
+
+
+def ngram_hash(tokens: Sequence[int]) -> int:
+    """32-bit FNV-1a hash of the little-endian bytes of the last :data:`NGRAM` token ids.
+
+    Process-independent (no Python ``hash``), so an ``ngram`` key is the same in every backend.
+    """
+    h = 0x811C9DC5
+    for t in list(tokens)[-NGRAM:]:
+        for shift in (0, 8, 16, 24):
+            h ^= (int(t) >> shift) & 0xFF
+            h = (h * 0x01000193) & MASK32
+    return h
+
+
+@dataclass
+class KeyState:
+    """The key state of one row while it generates a turn: the next token's key row.
+
+    Key modes (:data:`KEY_MODES`), for a turn with key base ``(seed, turn, branch)``:
+
+    * ``line`` (default, DESIGN section 2): ``(seed, turn, branch, line, pos)``, where
+      ``line`` counts tokens with a newline emitted in the turn and ``pos`` is the
+      position inside the line (:func:`advance_line_pos`), so a twin whose turn
+      re-synchronises at a newline reads the factual noise from the next line on.
+    * ``flat``: ``(seed, turn, branch, 0, tokens emitted in the turn)``.
+    * ``counter``: ``(seed, 0, branch, 0, token_counter + tokens emitted)``: one running
+      counter per episode (an ablation: a twin's different turn length shifts all later noise).
+    * ``ngram``: ``(seed, ngram_hash(last NGRAM tokens), branch, 0, 0)``: inexact (keys
+      repeat when a context repeats); an ablation only.
+
+    Plain Python, one object per row (or per vLLM request): it moves with its row
+    whatever batch the row sits in.
+    """
+
+    key: NoiseKey
+    """Key base of the turn (the env's ``info["noise_key"]``; its line/pos are ignored)."""
+    mode: str = "line"
+    """One of :data:`KEY_MODES`."""
+    token_counter: int = 0
+    """Tokens generated earlier in the episode (``counter`` mode)."""
+    context: Sequence[int] = ()
+    """The prompt's last tokens (``ngram`` mode; only the last :data:`NGRAM` are kept)."""
+    line: int = 0
+    """Newline tokens emitted in the turn so far."""
+    pos: int = 0
+    """Position of the next token inside its line."""
+    emitted: int = 0
+    """Tokens emitted in the turn so far."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in KEY_MODES:
+            raise ValueError(f"key_mode must be one of {KEY_MODES}, got {self.mode!r}")
+        seed, turn, branch = (int(v) for v in tuple(self.key)[:3])
+        self._lo, self._hi = seed_words(seed)
+        for name, value in (("turn", turn), ("branch", branch), ("token_counter", self.token_counter)):
+            if not 0 <= int(value) <= MASK32:
+                raise ValueError(f"{name} must lie in [0, 2**32), got {value}")
+        self.key = NoiseKey(seed, turn, branch)
+        self.context = [int(t) for t in self.context][-NGRAM:]
+
+    def row(self) -> Tuple[int, int, int, int, int, int]:
+        """The key row ``[seed_lo32, seed_hi32, turn, branch, line, pos]`` of the next token."""
+        k = self.key
+        if self.mode == "line":
+            return (self._lo, self._hi, k.turn, k.branch, self.line, self.pos)
+        if self.mode == "flat":
+            return (self._lo, self._hi, k.turn, k.branch, 0, self.emitted)
+        if self.mode == "counter":
+            return (self._lo, self._hi, 0, k.branch, 0, (self.token_counter + self.emitted) & MASK32)
+        return (self._lo, self._hi, ngram_hash(self.context), k.branch, 0, 0)
+
+    def advance(self, token: int, has_newline: bool) -> None:
+        """Move past the token just emitted (``has_newline``: its text contains a newline)."""
+        self.line, self.pos = advance_line_pos(self.line, self.pos, bool(has_newline))
+        self.emitted += 1
+        if self.mode == "ngram":
+            self.context = (list(self.context) + [int(token)])[-NGRAM:]
+
+
+def state_rows(states: Sequence[KeyState]) -> np.ndarray:
+    """The ``(B, 6)`` int64 key rows of the next token of every state."""
+    rows = np.empty((len(states), 6), dtype=np.int64)
+    for i, st in enumerate(states):
+        rows[i] = st.row()
+    return rows

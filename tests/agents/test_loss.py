@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -37,3 +39,42 @@ def test_ppo_clip_and_kl():
     _, st = ppo_loss(new.detach(), old, ref, torch.zeros(1, 4), mask, cfg)
     d = -np.log([1.5, 0.5, 0.5])
     assert st["kl"] == pytest.approx(float(np.mean(np.exp(d) - d - 1)), rel=1e-5)
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_ratio_is_one_on_the_first_minibatch(top_p):
+    """The loss takes log-probs under the rollout's own distribution (temperature and nucleus)."""
+    from tests.agents._tiny import tiny_policy
+    from twice_envs.agents.loss import token_logprobs
+    from twice_envs.agents.policy import SamplingConfig
+    from twice_envs.agents.rollout import Task, rollout
+
+    policy = tiny_policy()
+    tau = 1.3  # not 1: a loss that forgot the temperature would fail too
+    sampling = SamplingConfig(temperature=tau, top_p=top_p, max_new_tokens=12)
+    eps = rollout(policy, "CoinChain-v0", [Task(3), Task(4)], group_size=3, sampling=sampling, max_turns=3, noise_seed=11)
+    batch = pack(eps, [np.ones(len(e.turns)) for e in eps])
+    with torch.no_grad():
+        new = token_logprobs(policy.model, batch, tau, top_p)
+    m = batch.loss_mask > 0
+    ratio = torch.exp(new[m].double() - batch.old_logprobs[m].double())
+    assert m.sum() > 50
+    assert float((ratio - 1).abs().max()) < 1e-6
+    _, stats = ppo_loss(new, batch.old_logprobs, new, batch.advantages, batch.loss_mask, LossConfig(), None)
+    assert stats["clip_frac"] == 0.0
+    if top_p < 1:  # the nucleus mattered: without it the log-probs would differ
+        with torch.no_grad():
+            plain = token_logprobs(policy.model, batch, tau, 1.0)
+        assert float((plain[m] - batch.old_logprobs[m]).abs().max()) > 1e-3
+
+
+def test_tokens_outside_the_nucleus_give_finite_loss():
+    cfg = LossConfig(kl_coef=0.1)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    new = torch.tensor([[-0.5, -math.inf, -math.inf]], requires_grad=True)  # the masked position holds -inf too
+    ref = torch.tensor([[-math.inf, -0.2, 0.0]])
+    loss, st = ppo_loss(new, torch.tensor([[-0.5, -1.0, 0.0]]), ref, torch.tensor([[1.0, -1.0, 0.0]]), mask, cfg)
+    loss.backward()
+    assert math.isfinite(float(loss)) and bool(torch.isfinite(new.grad).all())
+    # token 2 left the nucleus: ratio 0, clipped to 0.8 with A = -1 -> pg 0.8; no KL term for either token
+    assert float(loss) == pytest.approx((-1.0 + 0.8) / 2)

