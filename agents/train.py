@@ -336,6 +336,17 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     return agg
 
 
+def method_credit(method: str, policy, episodes, **kwargs) -> CreditResult:
+    """Per-turn advantages of ``episodes`` under ``method`` (keyword arguments as :func:`credit_step`).
+
+    GiGPO needs no auxiliary rollouts; every other method runs what it needs through
+    :func:`credit_step`. The integrations (verl, TRL) call this too.
+    """
+    if method == "gigpo":
+        return CreditResult(gigpo_credit(episodes))
+    return credit_step(method, policy, episodes, **kwargs)
+
+
 def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics."""
     from twice_envs.agents.rollout import rollout
@@ -350,11 +361,8 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
                        group_size=config.group_size, sampling=sampling, env_kwargs=config.env_kwargs,
                        noise_seed=noise_seed, max_turns=config.max_turns)
     t1 = time.perf_counter()
-    if config.method == "gigpo":  # needs no auxiliary rollouts
-        credit = CreditResult(gigpo_credit(episodes))
-    else:
-        credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
-                             update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k)
+    credit = method_credit(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
+                           update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k)
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state
     t2 = time.perf_counter()
