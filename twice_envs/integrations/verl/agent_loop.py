@@ -31,7 +31,8 @@ from uuid import uuid4
 import numpy as np
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
 
-from twice_envs.agents.credit import crr, predictor, twice
+from twice_envs.agents.credit import crr, predictor
+from twice_envs.agents.credit import twice as twin_credit
 from twice_envs.agents.credit.collect import run_twins
 from twice_envs.agents.policy import Generation, SamplingConfig, cut_at_stop
 from twice_envs.agents.rollout import Task, rollout
@@ -131,7 +132,7 @@ class TwiceAgentLoop(AgentLoopBase):
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
         self.env_id, self.env_kwargs, self.method = env_id, dict(env_kwargs or {}), method
         self.max_turns, self.max_new_tokens, self.seed = max_turns, int(max_new_tokens), int(seed)
-        self.twice_config = replace(twice.TwiceConfig(), **dict(twice or {}))
+        self.twice_config = replace(twin_credit.TwiceConfig(), **dict(twice or {}))
         self.response_length = int(self.rollout_config.response_length)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
@@ -163,12 +164,12 @@ class TwiceAgentLoop(AgentLoopBase):
         if self.method == "twice":
             cfg = self.twice_config
             eta = predictor.predict(predictor.PredictorState(), predictor.decision_features([ep]))
-            plan = twice.plan_branches([ep], cfg, eta, rng, update=update)
+            plan = twin_credit.plan_branches([ep], cfg, eta, rng, update=update)
         else:
             cfg = crr.crr_config(self.twice_config)
             plan = crr.plan_branches([ep], rng, self.twice_config)
         tw = run_twins(policy, [ep], plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
-        credit = twice.twin_credit([ep], tw.records, plan, tw.kept, cfg)
+        credit = twin_credit.twin_credit([ep], tw.records, plan, tw.kept, cfg)
         for (_, t), a in zip(plan.index, credit.a_hat):
             a_hat[t] = a
         info = {"twins": len(tw.records), "aux_tokens": int(tw.aux_tokens),
