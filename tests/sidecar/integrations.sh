@@ -35,4 +35,5 @@ fi
 flock -u 9
 
 export TRL_EXPERIMENTAL_SILENCE=1
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations "$@"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider -o asyncio_default_fixture_loop_scope=function \
+    tests/integrations "$@"
