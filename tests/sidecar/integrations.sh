@@ -31,7 +31,9 @@ if [[ ! -f "$venv/.requirements-$key" ]]; then
 else
     echo "integrations venv: reusing $venv (requirements $key)"
 fi
+had_build=$([[ -d build ]] && echo 1 || echo 0)
 "$venv/bin/pip" install -q --no-deps -e . >/dev/null
+[[ $had_build == 1 ]] || rm -rf build  # setuptools' scratch folder, not part of the checkout
 flock -u 9
 
 export TRL_EXPERIMENTAL_SILENCE=1
