@@ -5,7 +5,7 @@
 # transformers, so the integrations live in a second venv:
 #   ${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}/integrations
 # It is created once and reused while its requirements are unchanged (keyed by a hash
-# of pyproject.toml, the requirement line below and the Python version). Each run then
+# of the base dependencies, the extras it installs, the requirement line below and the Python version). Each run then
 # installs this checkout into it (editable, no dependencies: seconds) and runs
 # tests/integrations with pytest, whose summary line is the last thing printed.
 set -euo pipefail
@@ -18,7 +18,13 @@ root=${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}
 venv="$root/integrations"
 mkdir -p "$root"
 
-key=$({ cat pyproject.toml; printf '%s\n' "${REQUIREMENTS[@]}"; "$PYTHON" -V; } | sha256sum | cut -c1-16)
+# The key covers what the venv's packages depend on: the base dependencies and the extras
+# named above (not the rest of pyproject.toml, so unrelated edits do not rebuild it).
+requirement_lines() {
+    sed -n '/^dependencies = \[/,/^\]/p' pyproject.toml
+    grep -E '^(verl|trl|hf|search|dev) = ' pyproject.toml
+}
+key=$({ requirement_lines; printf '%s\n' "${REQUIREMENTS[@]}"; "$PYTHON" -V; } | sha256sum | cut -c1-16)
 
 exec 9>"$root/integrations.lock"
 flock 9  # two runs never build the same venv at once
