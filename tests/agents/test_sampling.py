@@ -309,7 +309,8 @@ def test_toy_sampler_is_the_core_sampler():
         def __init__(self, logits):
             self.logits = logits
 
-        def probs(self, turn, prev):
+        def action_probs(self, state):
+            turn = state[0]
             p = np.exp(self.logits[turn] - self.logits[turn].max())
             return p / p.sum()
 
@@ -318,7 +319,7 @@ def test_toy_sampler_is_the_core_sampler():
                          "peaked": np.where(np.arange(4) == 2, 30.0, 0.0)[None].repeat(40, 0)}.items():
         keys = [NoiseKey(900 + i, i % 3, i % 2) for i in range(40)]
         got = toy.sample_actions(_Fixed(logits), [(i, [0] * (i % 3)) for i in range(40)], keys)
-        ref = noise.keyed_sample_np(np.log(np.stack([_Fixed(logits).probs(i, None) for i in range(40)])),
+        ref = noise.keyed_sample_np(np.log(np.stack([_Fixed(logits).action_probs((i,)) for i in range(40)])),
                                     noise.key_rows(keys))
         assert got == ref.tolist(), kind
         if kind == "tied":
