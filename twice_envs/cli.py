@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
     "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
     "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit"),
-    "models": ("twice_envs.agents.models:models_main", "build or inspect models (build-tiny, smollm2)"),
+    "models": ("twice_envs.agents.models_cli:models_main", "build or inspect models (build-tiny, smollm2)"),
     "rollout": ("twice_envs.agents.rollout_cli:rollout_main", "run an agent on an env and save episodes"),
     "train": ("twice_envs.agents.train:train_main", "train an agent (grpo, twice, crr, vineppo)"),
     "eval": ("twice_envs.agents.train:eval_main", "greedy evaluation of a checkpoint"),
