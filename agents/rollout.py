@@ -276,7 +276,10 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
     for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
         if r.action is not None:
             toks = list(policy.tokenizer.encode(r.action, add_special_tokens=False))
-            lp, ent = score_tokens(policy, ctx, toks, sampling) if toks else ([], 0.0)
+            if toks and getattr(policy, "model", None) is not None:
+                lp, ent = score_tokens(policy, ctx, toks, sampling)
+            else:  # a remote policy (vLLM, verl's server) holds no local weights to score with
+                lp, ent = [0.0] * len(toks), 0.0
             alternatives[i] = Generation(r.action, toks, lp, ent, "forced")
 
     out: list[EpisodeRecord] = []

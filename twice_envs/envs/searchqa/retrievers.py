@@ -71,7 +71,10 @@ class DenseParams:
         batch_size: texts per encoder batch when indexing.
         index_path: a prebuilt faiss ``.index`` file over the same corpus order
             (skips encoding the corpus).
-        use_gpu: move the faiss index to the GPUs when faiss-gpu is installed.
+        use_gpu: ``None`` (default): search on the GPUs when faiss has GPU support
+            (the ``gpu`` extra) and sees a GPU, else on the CPU; ``True``: require
+            GPUs (an error names the extra otherwise); ``False``: always the CPU.
+            GPU search may order near-equal scores differently from the CPU one.
         device: torch device of the encoder (``"cpu"``, ``"cuda"``).
         threads: torch CPU threads while encoding (0: torch's default). One thread
             is fastest for single queries and avoids contention on a busy machine.
@@ -83,7 +86,7 @@ class DenseParams:
     max_length: int = 256
     batch_size: int = 64
     index_path: Optional[str] = None
-    use_gpu: bool = False
+    use_gpu: Optional[bool] = None
     device: str = "cpu"
     threads: int = 1
 
@@ -154,6 +157,30 @@ def get_encoder(model_path: str, max_length: int = 256, device: str = "cpu", thr
     return _ENCODERS[key]
 
 
+def faiss_gpus(faiss) -> int:
+    """GPUs faiss can use: 0 for a CPU-only build (faiss-cpu has no GPU functions) or no device."""
+    get = getattr(faiss, "get_num_gpus", None)
+    if get is None or not hasattr(faiss, "index_cpu_to_all_gpus"):
+        return 0
+    try:
+        return int(get())
+    except RuntimeError:  # a GPU build on a machine without a driver
+        return 0
+
+
+def place_index(faiss, index, use_gpu: Optional[bool]):
+    """The index on all GPUs (``use_gpu`` None: when there are any; True: required) or as it is."""
+    if use_gpu is False:
+        return index
+    n = faiss_gpus(faiss)
+    if n == 0:
+        if use_gpu:
+            raise RuntimeError("use_gpu=True but faiss sees no GPU: install 'twice-envs[gpu]' (faiss-gpu) "
+                               "on a machine with a CUDA device, or pass use_gpu=None")
+        return index
+    return faiss.index_cpu_to_all_gpus(index)
+
+
 class DenseRetriever(Retriever):
     """faiss inner-product search over encoder embeddings of the corpus."""
 
@@ -186,9 +213,7 @@ class DenseRetriever(Retriever):
             index = self.faiss.read_index(str(path))
         if index.ntotal != len(corpus):
             raise ValueError(f"the dense index has {index.ntotal} vectors but the corpus has {len(corpus)} passages")
-        if params.use_gpu and hasattr(self.faiss, "get_num_gpus") and self.faiss.get_num_gpus() > 0:
-            index = self.faiss.index_cpu_to_all_gpus(index)
-        self.index = index
+        self.index = place_index(self.faiss, index, params.use_gpu)
         self.version = f"dense:{corpus.version[:32]}:{digest[:16]}"
 
     def search(self, query: str, k: int) -> tuple[list[int], list[float]]:

@@ -1,0 +1,134 @@
+"""The registered verl estimators are the project's own estimators on the same episodes."""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("verl")
+torch = pytest.importorskip("torch")
+
+from omegaconf import OmegaConf  # noqa: E402
+from verl.trainer.ppo.core_algos import get_adv_estimator_fn  # noqa: E402
+
+from twice_envs.agents.credit import crr, gigpo, grpo, twice  # noqa: E402
+from twice_envs.agents.types import EpisodeRecord, TurnRecord  # noqa: E402
+from twice_envs.integrations.episodes import response_row  # noqa: E402
+from twice_envs.integrations.verl import estimators as est  # noqa: E402
+from twice_envs.integrations.verl import plugin  # noqa: E402,F401  (registers)
+from twice_envs.keys import NoiseKey  # noqa: E402
+
+
+def _batch(seed=0, groups=4, G=5):
+    """Random episodes: 1-4 turns of 1-5 tokens, 0-3 observation tokens, shared anchors, some invalid turns."""
+    rng = np.random.default_rng(seed)
+    eps = []
+    for g in range(groups):
+        for j in range(G):
+            n = int(rng.integers(1, 5))
+            turns = [TurnRecord(list(rng.integers(5, 50, int(rng.integers(1, 6)))), [0.0] * 0, f"a{t}",
+                                NoiseKey(seed, t, 0), obs=f"s{int(rng.integers(0, 2))}",
+                                obs_token_ids=list(rng.integers(50, 60, int(rng.integers(0, 4)))),
+                                reward=float(rng.integers(0, 2)) * (t == n - 1), invalid=bool(rng.random() < 0.2))
+                     for t in range(n)]
+            for t in turns:
+                t.logprobs = [-0.5] * len(t.token_ids)
+            eps.append(EpisodeRecord("Hand-v0", g, {}, group=g, prompt_ids=[1, 2, 3], turns=turns,
+                                     utility=sum(t.reward for t in turns), trajectory={"observations": ["start"]}))
+    return eps
+
+
+def _verl_inputs(episodes, a_hat_per_turn=None, pad=3):
+    rows = [response_row(ep) for ep in episodes]
+    T = max(len(r.response_ids) for r in rows) + pad
+    rewards = torch.zeros(len(rows), T)
+    mask = torch.zeros(len(rows), T, dtype=torch.int64)
+    extra = []
+    for b, (ep, r) in enumerate(zip(episodes, rows)):
+        n = len(r.response_ids)
+        mask[b, :n] = torch.tensor(r.mask)
+        rewards[b, n - 1] = ep.utility  # verl puts the score on the last response token
+        anchors = ["start"] + [t.obs for t in ep.turns[:-1]]
+        extra.append({est.TURN_OF_TOKEN: r.turn_of_token,
+                      est.TWIN_CREDIT: list(a_hat_per_turn[b]) if a_hat_per_turn is not None else None,
+                      est.TURN_REWARDS: [t.reward for t in ep.turns], est.TURN_INVALID: [t.invalid for t in ep.turns],
+                      est.ANCHORS: anchors})
+    uid = np.array([f"uid-{ep.group}" for ep in episodes], dtype=object)
+    return rewards, mask, uid, extra, rows
+
+
+def _expected_tokens(rows, per_turn, T):
+    out = torch.zeros(len(rows), T)
+    for b, r in enumerate(rows):
+        for k, t in enumerate(r.turn_of_token):
+            if t >= 0:
+                out[b, k] = torch.tensor(per_turn[b][t], dtype=torch.float32)
+    return out
+
+
+def _twin_credit(episodes, seed=1):
+    """A real twin-credit pass: warm-up branch coins and twins with made-up outcomes."""
+    cfg = twice.TwiceConfig()
+    rng = np.random.default_rng(seed)
+    plan = twice.plan_branches(episodes, cfg, None, rng, update=0)
+    twins = []
+    for i, t in plan.branched_decisions:
+        tw = EpisodeRecord("Hand-v0", 0, {}, twin_of=(i, t), branch=1, utility=float(rng.integers(0, 2)))
+        twins.append(tw)
+    credit = twice.twin_credit(episodes, twins, plan, [True] * len(twins), cfg)
+    a_hat = [np.zeros(len(ep.turns)) for ep in episodes]
+    for (i, t), a in zip(plan.index, credit.a_hat):
+        a_hat[i][t] = a
+    assert any(a.any() for a in a_hat), "the test batch has no twin credit"
+    return plan, credit, a_hat
+
+
+@pytest.mark.parametrize("name", ["twice", "crr"])
+def test_registered_twin_estimator_equals_the_project_estimator(name):
+    episodes = _batch()
+    plan, credit, a_hat = _twin_credit(episodes)
+    cfg = twice.TwiceConfig() if name == "twice" else crr.crr_config()
+    expected = twice.combine(episodes, plan.index, credit.a_hat, cfg)
+    rewards, mask, uid, extra, rows = _verl_inputs(episodes, a_hat)
+    adv, ret = get_adv_estimator_fn(name)(token_level_rewards=rewards, response_mask=mask, index=uid,
+                                          config=OmegaConf.create({}), extra_fields=extra)
+    want = _expected_tokens(rows, expected, mask.shape[1])
+    assert torch.equal(adv, want) and torch.equal(ret, want)
+    assert torch.all(adv[mask == 0] == 0)
+
+
+def test_settings_come_from_algorithm_twice():
+    episodes = _batch(2)
+    plan, credit, a_hat = _twin_credit(episodes, 3)
+    expected = twice.combine(episodes, plan.index, credit.a_hat, twice.TwiceConfig(omega=0.5, sigma_min=0.3))
+    rewards, mask, uid, extra, rows = _verl_inputs(episodes, a_hat)
+    algo = OmegaConf.create({"twice": {"omega": 0.5, "sigma_min": 0.3}})
+    adv, _ = est.twin_advantages(rewards, mask, uid, algo, extra_fields=extra)
+    assert torch.equal(adv, _expected_tokens(rows, expected, mask.shape[1]))
+    with pytest.raises(ValueError, match="unknown settings"):
+        est.twin_advantages(rewards, mask, uid, OmegaConf.create({"twice": {"omgea": 1}}), extra_fields=extra)
+
+
+def test_without_extra_fields_verl_gets_the_trajectory_term():
+    """verl's own compute_advantage (stock trainer) reaches the estimator without extra fields."""
+    from verl.protocol import DataProto
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    episodes = _batch(4)
+    rewards, mask, uid, _, rows = _verl_inputs(episodes)
+    data = DataProto.from_dict(tensors={"token_level_rewards": rewards, "response_mask": mask},
+                               non_tensors={"uid": uid})
+    out = compute_advantage(data, adv_estimator="twice", config=OmegaConf.create({}))
+    a_traj = grpo.episode_advantages([e.utility for e in episodes], [e.group for e in episodes])
+    want = torch.tensor(a_traj, dtype=torch.float32)[:, None] * mask
+    assert torch.equal(out.batch["advantages"], want)
+
+
+def test_registered_gigpo_equals_gigpo_credit():
+    episodes = _batch(5)
+    expected = gigpo.gigpo_credit(episodes)
+    assert any(np.any(a != 0) for a in gigpo.step_term(episodes)), "no step groups in the test batch"
+    rewards, mask, uid, extra, rows = _verl_inputs(episodes)
+    adv, _ = get_adv_estimator_fn("gigpo")(token_level_rewards=rewards, response_mask=mask, index=uid,
+                                           config=OmegaConf.create({}), extra_fields=extra)
+    assert torch.equal(adv, _expected_tokens(rows, expected, mask.shape[1]))
+    with pytest.raises(ValueError, match="trainer_mode"):
+        est.gigpo_advantages(rewards, mask, uid, None)
