@@ -131,13 +131,13 @@ RECIPES: dict[str, TinyModelConfig] = {
     ),
     "format": TinyModelConfig(),
     "alfworld": TinyModelConfig(
-        envs=("ALFWorld-v0",), episodes_per_env=240, episodes_by_env={}, skill_range=(0.5, 1.0), max_turns=12,
+        envs=("ALFWorld-v0",), episodes_per_env=48, episodes_by_env={}, skill_range=(0.5, 1.0), max_turns=10,
         env_kwargs={"ALFWorld-v0": {"show_admissible": True}}, agent_options={"ALFWorld-v0": {"tagged": True}},
-        vocab_size=1024, max_len=1536, steps=300, length_buckets=True, threads=1,
+        vocab_size=1024, max_len=1024, steps=120, batch_size=4, length_buckets=True, threads=1,
     ),
     "webshop": TinyModelConfig(
-        envs=("WebShop-v0",), episodes_per_env=240, episodes_by_env={}, skill_range=(0.4, 1.0), max_turns=8,
-        vocab_size=1024, max_len=1536, steps=300, length_buckets=True, threads=1,
+        envs=("WebShop-v0",), episodes_per_env=96, episodes_by_env={}, skill_range=(0.4, 1.0), max_turns=6,
+        vocab_size=1024, max_len=896, steps=120, batch_size=4, length_buckets=True, threads=1,
     ),
 }
 

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "play": ("twice_envs.play:play_main", "play an env in the terminal (:fork N, :undo, :save FILE)"),
     "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
     "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
-    "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit"),
+    "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit, games"),
     "models": ("twice_envs.agents.models_cli:models_main", "build or inspect models (build-tiny, smollm2)"),
     "rollout": ("twice_envs.agents.rollout_cli:rollout_main", "run an agent on an env and save episodes"),
     "train": ("twice_envs.agents.train:train_main", "train an agent (grpo, twice, crr, vineppo)"),
@@ -36,6 +36,7 @@ BENCHES: dict[str, str] = {
     "rollout": "twice_envs.agents.bench:rollout_main",
     "vec": "twice_envs.wrappers.vector_bench:main",
     "credit": "twice_envs.agents.credit.bench:main",
+    "games": "twice_envs.agents.games_bench:main",
 }
 
 
