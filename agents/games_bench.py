@@ -110,12 +110,12 @@ def summarize(env_id: str, episodes, types: Sequence[str], samples: int) -> dict
 
 
 def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,
-                  temperature: float = 1.0) -> dict:
+                  temperature: float = 1.0, setting: Optional[GameSetting] = None) -> dict:
     """Held-out figures of ``policy`` on ``env_id``: ``samples`` episodes per held-out task at ``temperature``."""
     from twice_envs.agents.policy import SamplingConfig
     from twice_envs.agents.rollout import rollout
 
-    setting = GAMES[env_id]
+    setting = setting or GAMES[env_id]
     task_list, types, kwargs = heldout_tasks(env_id, tasks)
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=setting.max_new_tokens)
     eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
@@ -152,12 +152,21 @@ class GamesBenchConfig:
     """Output folder (a run folder per env, method and seed; results.json; curves PNG)."""
     model: Optional[dict] = None
     """Start model per env id (None: the env's tiny game model)."""
+    max_turns: Optional[int] = None
+    """Turn cap of training and held-out episodes (None: the env's :data:`GAMES` setting)."""
+    max_new_tokens: Optional[int] = None
+    """Tokens per turn at most (None: the env's :data:`GAMES` setting)."""
+
+    def setting(self, env_id: str) -> GameSetting:
+        """The env's :data:`GAMES` setting with this run's overrides."""
+        s = GAMES[env_id]
+        return replace(s, max_turns=self.max_turns or s.max_turns, max_new_tokens=self.max_new_tokens or s.max_new_tokens)
 
 
 def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path):
     from twice_envs.agents.train import cpu_config
 
-    s = GAMES[env_id]
+    s = cfg.setting(env_id)
     tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
                     max_new_tokens=s.max_new_tokens, lr=cfg.lr, indexed_tasks=False, checkpoint_every=10**9,
@@ -176,7 +185,8 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
         model = (cfg.model or {}).get(env_id) or GAMES[env_id].model
         start = load_policy(model)
         t0 = time.perf_counter()
-        before = evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks, noise_seed=10**6)
+        before = evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks, noise_seed=10**6,
+                               setting=cfg.setting(env_id))
         log(f"{env_id} start model {model}: held-out success {before['all']['success']:.3f} "
             f"valid {before['all']['valid_share']:.3f} ({time.perf_counter() - t0:.0f}s)")
         env_res: dict = {"model": model, "before": before, "methods": {}}
@@ -187,7 +197,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 policy = load_policy(model)  # trained in place
                 rows = train(_train_config(cfg, env_id, method, seed, out), policy=policy, progress=False)
                 after = evaluate_game(policy, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
-                                      noise_seed=10**6 + 1 + seed)
+                                      noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
                 per_seed.append({"seed": seed, "after": after, "train": rows})
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
                     f"(before {before['all']['success']:.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
@@ -269,13 +279,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
     p.add_argument("--model", action="append", default=[], help="ENV=MODEL start model (repeatable)")
     p.add_argument("--out", default=d.out)
+    p.add_argument("--max-turns", type=int, default=None, help="turn cap (default: per env)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
     p.add_argument("--eval-only", action="store_true",
                    help="only evaluate the start models on the held-out tasks (per task type)")
     a = p.parse_args(argv)
     cfg = GamesBenchConfig(
         envs=tuple(e for e in a.envs.split(",") if e), methods=tuple(m for m in a.methods.split(",") if m),
         seeds=tuple(range(a.seeds)), updates=a.updates, tasks_per_update=a.tasks, group_size=a.group_size,
-        eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, out=a.out,
+        eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, out=a.out, max_turns=a.max_turns,
+        max_new_tokens=a.max_new_tokens,
         model=dict(x.split("=", 1) for x in a.model) or None)
     unknown = [e for e in cfg.envs if e not in GAMES]
     if unknown:
@@ -287,7 +300,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             model = (cfg.model or {}).get(env_id) or GAMES[env_id].model
             t0 = time.perf_counter()
             res = evaluate_game(load_policy(model), env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
-                                noise_seed=10**6)
+                                noise_seed=10**6, setting=cfg.setting(env_id))
             print(f"{env_id} {model}, held-out, temperature 1 ({time.perf_counter() - t0:.0f}s):")
             for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):
                 print(f"  {kind:<32} success {x['success']:.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "

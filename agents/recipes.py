@@ -270,12 +270,14 @@ def same_build(a: os.PathLike, b: os.PathLike) -> bool:
 #: Model names of :func:`~twice_envs.agents.models.resolve_model_dir` and the recipe each is built by.
 NAMED_MODELS: dict[str, str] = {TINY_NAME: DEFAULT_RECIPE, "tiny-alfworld": "alfworld", "tiny-webshop": "webshop"}
 #: Folders of the builds shipped with the package, by recipe.
-SHIPPED: dict[str, Path] = {DEFAULT_RECIPE: SHIPPED_TINY}
+SHIPPED: dict[str, Path] = {DEFAULT_RECIPE: SHIPPED_TINY, "alfworld": SHIPPED_TINY.parent / "tiny_alfworld",
+                             "webshop": SHIPPED_TINY.parent / "tiny_webshop"}
 
 
 def shipped_dir(recipe: str) -> Optional[Path]:
     """The shipped build of ``recipe`` (None when the package ships none)."""
-    return SHIPPED.get(recipe)
+    path = SHIPPED.get(recipe)
+    return path if path is not None and (path / "config.json").is_file() else None
 
 
 # ----------------------------------------------------------------------------- quality of a build
