@@ -442,12 +442,16 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         "aux_tokens": int(credit.aux_tokens),
         "realised_beta": credit.aux_tokens / max(gen, 1),
         "turns_per_episode": float(np.mean([len(e.turns) for e in episodes])),
+        # turns holding no admissible action (the env flags them); benchmarks report the share
+        "turns": sum(len(e.turns) for e in episodes),
+        "invalid_turns": sum(t.invalid for e in episodes for t in e.turns),
         "lr": float(state.scheduler.get_last_lr()[0]),
         "time_rollout": t1 - t0,
         "time_credit": t2 - t1,
         "time_update": t3 - t2,
         "time": t3 - t0,
     }
+    m["invalid_share"] = m["invalid_turns"] / max(m["turns"], 1)
     for k in ("rho", "self_twin_share", "tie_share", "same_evidence_share", "mean_q", "branched_share",
               "predictor_auc", "discordance", "twins", "cost_scale", "rho_per_decision", "sigma_hat",
               "twin_term_q50", "twin_term_q90", "twin_term_q99", "twin_term_max"):

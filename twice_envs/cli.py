@@ -17,10 +17,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "play": ("twice_envs.play:play_main", "play an env in the terminal (:fork N, :undo, :save FILE)"),
     "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
     "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
-    "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit, learn"),
-    "models": ("twice_envs.agents.models:models_main", "build or inspect models (build-tiny, smollm2)"),
+    "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit, learn, games"),
+    "models": ("twice_envs.agents.models_cli:models_main", "build or inspect models (build-tiny, smollm2)"),
     "rollout": ("twice_envs.agents.rollout_cli:rollout_main", "run an agent on an env and save episodes"),
-    "train": ("twice_envs.agents.train:train_main", "train an agent (grpo, twice, crr, vineppo)"),
+    "train": ("twice_envs.agents.train:train_main", "train an agent (grpo, gigpo, twice, crr, vineppo)"),
     "eval": ("twice_envs.agents.train:eval_main", "greedy evaluation of a checkpoint"),
     "audit": ("twice_envs.agents.audit:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
     "plot": ("twice_envs.agents.plots:plot_main", "plot learning curves of several runs"),
@@ -37,6 +37,7 @@ BENCHES: dict[str, str] = {
     "vec": "twice_envs.wrappers.vector_bench:main",
     "credit": "twice_envs.agents.bench_credit:main",
     "learn": "twice_envs.agents.bench_learn:main",
+    "games": "twice_envs.agents.games_bench:main",
 }
 
 

@@ -72,6 +72,9 @@ class ALFWorldEnv(TextEnv):
         task_types: task-type names or ALFWorld ids 1-6 (None: all six).
         reward_scale: reward of the winning step (e.g. 10 as some trainers use).
         max_turns: turns before truncation (default 50).
+        show_admissible: end every observation with the admissible commands
+            ("Admissible actions: ..."), so an agent reads them from its context (the
+            tiny game models do); False keeps the engine's own text.
     """
 
     version = "1"
@@ -86,12 +89,16 @@ class ALFWorldEnv(TextEnv):
         task_types: Union[None, str, int, Sequence[Union[str, int]]] = None,
         reward_scale: float = 1.0,
         max_turns: Optional[int] = None,
+        show_admissible: bool = False,
         render_mode: Optional[str] = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
         if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)) or not reward_scale > 0:
             raise ValueError(f"reward_scale must be a positive number, got {reward_scale!r}")
         self.reward_scale = float(reward_scale)
+        if not isinstance(show_admissible, bool):
+            raise ValueError(f"show_admissible must be True or False, got {show_admissible!r}")
+        self.show_admissible = show_admissible
         self.split = split
         self.task_types = resolve_task_types(task_types)
         # Listing first: importing alfworld sets $ALFWORLD_DATA to a default when it is unset.
@@ -157,7 +164,7 @@ class ALFWorldEnv(TextEnv):
         self.game = game
         info = self._info(engine)
         info.update(game=game.name, task_type=game.task_type, goal=game.goal)
-        return obs, info
+        return self._shown(obs, info), info
 
     def _info(self, engine: "_engine.Engine") -> dict:
         return {"admissible_actions": list(engine.admissible), "won": engine.won}
@@ -176,7 +183,13 @@ class ALFWorldEnv(TextEnv):
         info["command"] = command
         info["invalid"] = invalid
         won = engine.won
-        return obs, (self.reward_scale if won else 0.0), won, info
+        return self._shown(obs, info), (self.reward_scale if won else 0.0), won, info
+
+    def _shown(self, obs: str, info: dict) -> str:
+        """The observation as the agent sees it (with the admissible commands when asked)."""
+        if not self.show_admissible:
+            return obs
+        return f"{obs}\n\nAdmissible actions: {', '.join(info['admissible_actions'])}."
 
     def close(self) -> None:
         """Give the engine back to the process pool."""

@@ -105,4 +105,24 @@ def evaluate(env, agent, seeds, options: Optional[dict] = None) -> dict:
     return {"episodes": len(arr), "mean_reward": float(arr.mean()), "success_rate": float((arr >= 1.0 - 1e-9).mean())}
 
 
-__all__ = ["RandomAgent", "ScriptedAgent", "evaluate"]
+#: The shopper of each env being scripted by :func:`scripted_turns`, by ``id(env)`` (reset at turn 0).
+_SHOPPERS: dict[int, ScriptedAgent] = {}
+
+
+def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
+    """The next turn of a shopper with mistake rate ``1 - skill``: the scripted shopper's action with
+    probability ``skill``, else a random click (searches are never replaced).
+
+    The ``f(env, rng, skill)`` form the tiny model's transcript writer takes.
+    """
+    obs, info = env.trajectory.observations[-1], env.last_info
+    if env.turn == 0:
+        _SHOPPERS[id(env)] = ScriptedAgent()
+    agent = _SHOPPERS.setdefault(id(env), ScriptedAgent())
+    if rng.random() < skill or info.get("page") == "search":
+        return agent.act(obs, info)
+    rand = RandomAgent(seed=int(rng.integers(1 << 31)))
+    return rand.act(obs, info)
+
+
+__all__ = ["RandomAgent", "ScriptedAgent", "evaluate", "scripted_turns"]

@@ -1,0 +1,312 @@
+"""Text games on the CPU: evaluate the tiny game models, and ``twice bench games`` (RL methods compared).
+
+:func:`evaluate_game` samples a policy (temperature 1, the standard rollout) on held-out
+tasks: ALFWorld's ``valid_unseen`` games (layouts never seen in training) and WebShop's
+``test`` goals, and reports success, the share of valid turns and both per task type.
+
+``twice bench games`` trains GRPO, GiGPO, Twice and CRR from the same start model for N
+updates on each env, several seeds each, and reports held-out success before and after
+(95% Wilson intervals over all held-out episodes of a method), auxiliary tokens and seconds
+per update, the invalid share of training turns, and the learning curves (PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class GameSetting:
+    """How one text game is played by its tiny model."""
+
+    model: str
+    """Start model (a name of :func:`~twice_envs.agents.models.resolve_model_dir` or a folder)."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of ``twice_envs.make`` (the model was trained with the same)."""
+    heldout_kwargs: dict = field(default_factory=dict)
+    """Extra ``make`` kwargs of the held-out env (ALFWorld: its split)."""
+    heldout_split: Optional[str] = None
+    """Reset-option split of held-out tasks (WebShop goals), None where the kwargs pick them."""
+    max_turns: int = 12
+    """Turn cap of an episode."""
+    max_new_tokens: int = 32
+    """Tokens per turn at most (an action is under 20 tokens)."""
+
+
+GAMES: dict[str, GameSetting] = {
+    "ALFWorld-v0": GameSetting("tiny-alfworld", {"show_admissible": True}, {"split": "valid_unseen"}, None, 10, 24),
+    "WebShop-v0": GameSetting("tiny-webshop", {}, {}, "test", 6, 48),
+}
+
+
+def heldout_tasks(env_id: str, n: Optional[int] = None) -> tuple[list, list[str], dict]:
+    """``(tasks, task types, env kwargs)`` of the held-out set of ``env_id`` (the first ``n`` tasks)."""
+    import twice_envs
+    from twice_envs.agents.rollout import Task
+
+    setting = GAMES[env_id]
+    kwargs = {**setting.env_kwargs, **setting.heldout_kwargs}
+    env = twice_envs.make(env_id, **kwargs).unwrapped
+    if env_id.startswith("ALFWorld"):
+        names = env.games[: n or len(env.games)]
+        return [Task(0, {"index": i}) for i in range(len(names))], [x.split("-")[0] for x in names], kwargs
+    goals = env.res.goals
+    split = goals.split_range(setting.heldout_split)
+    tasks, types = [], []
+    for i in range(min(n or 100, len(split))):
+        tasks.append(Task(0, {"split": setting.heldout_split, "index": i}))
+        types.append(str(goals[split.start + i].category or "all"))
+    return tasks, types, kwargs
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def episodes_for_difference(p: float, diff: float = 0.05, z: float = 1.96) -> int:
+    """Held-out episodes per method for a 95% interval of a difference of two success rates near ``p``
+    to have half-width ``diff`` (so a ``diff``-point gap excludes 0)."""
+    p = min(max(p, 0.05), 0.95)
+    return int(math.ceil(2 * p * (1 - p) * (z / diff) ** 2))
+
+
+def success_of(env_id: str, ep) -> bool:
+    """ALFWorld: the goal holds; WebShop: the purchase scores 1 (WebShop's success rate)."""
+    return ep.utility >= 1.0 - 1e-9
+
+
+def summarize(env_id: str, episodes, types: Sequence[str], samples: int) -> dict:
+    """Success, valid-turn share and per-type figures of held-out episodes (``samples`` per task, in task order)."""
+    rows = {"all": [0, 0, 0, 0, 0.0]}  # episodes, successes, turns, invalid turns, reward
+    for k, ep in enumerate(episodes):
+        kind = types[k // samples]
+        for key in ("all", kind):
+            r = rows.setdefault(key, [0, 0, 0, 0, 0.0])
+            r[0] += 1
+            r[1] += int(success_of(env_id, ep))
+            r[2] += len(ep.turns)
+            r[3] += sum(t.invalid for t in ep.turns)
+            r[4] += ep.utility
+    out = {}
+    for key, (n, s, turns, bad, reward) in rows.items():
+        lo, hi = wilson(s, n)
+        out[key] = {"episodes": n, "success": s / max(n, 1), "success_ci": [lo, hi], "turns": turns,
+                    "valid_share": 1 - bad / max(turns, 1), "mean_reward": reward / max(n, 1)}
+    return out
+
+
+def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,
+                  temperature: float = 1.0, setting: Optional[GameSetting] = None) -> dict:
+    """Held-out figures of ``policy`` on ``env_id``: ``samples`` episodes per held-out task at ``temperature``."""
+    from twice_envs.agents.policy import SamplingConfig
+    from twice_envs.agents.rollout import rollout
+
+    setting = setting or GAMES[env_id]
+    task_list, types, kwargs = heldout_tasks(env_id, tasks)
+    sampling = SamplingConfig(temperature=temperature, max_new_tokens=setting.max_new_tokens)
+    eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
+                  noise_seed=noise_seed, max_turns=setting.max_turns)
+    return summarize(env_id, eps, types, samples)
+
+
+# ----------------------------------------------------------------------------- the RL comparison
+@dataclass
+class GamesBenchConfig:
+    """``twice bench games`` settings (the defaults are sized for two shared CPU cores)."""
+
+    envs: tuple[str, ...] = ("ALFWorld-v0", "WebShop-v0")
+    """Envs to compare on."""
+    methods: tuple[str, ...] = ("grpo", "gigpo", "twice", "crr")
+    """Credit methods (each starts from the same model)."""
+    seeds: tuple[int, ...] = (0, 1, 2)
+    """Training seeds per method."""
+    updates: int = 4
+    """Policy updates per run."""
+    tasks_per_update: int = 4
+    """Training tasks per update."""
+    group_size: int = 4
+    """Episodes per training task."""
+    eval_tasks: Optional[int] = None
+    """Held-out tasks (None: all ALFWorld valid_unseen games; 100 WebShop test goals)."""
+    eval_samples: int = 4
+    """Episodes per held-out task and evaluation."""
+    lr: float = 2e-4
+    """Learning rate."""
+    beta: float = 0.5
+    """Auxiliary budget of Twice and CRR."""
+    out: str = "runs/games"
+    """Output folder (a run folder per env, method and seed; results.json; curves PNG)."""
+    model: Optional[dict] = None
+    """Start model per env id (None: the env's tiny game model)."""
+    max_turns: Optional[int] = None
+    """Turn cap of training and held-out episodes (None: the env's :data:`GAMES` setting)."""
+    max_new_tokens: Optional[int] = None
+    """Tokens per turn at most (None: the env's :data:`GAMES` setting)."""
+
+    def setting(self, env_id: str) -> GameSetting:
+        """The env's :data:`GAMES` setting with this run's overrides."""
+        s = GAMES[env_id]
+        return replace(s, max_turns=self.max_turns or s.max_turns, max_new_tokens=self.max_new_tokens or s.max_new_tokens)
+
+
+def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path):
+    from twice_envs.agents.train import cpu_config
+
+    s = cfg.setting(env_id)
+    tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
+                    questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
+                    max_new_tokens=s.max_new_tokens, lr=cfg.lr, indexed_tasks=False, checkpoint_every=10**9,
+                    out_dir=str(out))
+    return replace(tc, twice=replace(tc.twice, beta=cfg.beta))
+
+
+def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
+    """Train every method from the same start model on every env; returns (and writes) the results."""
+    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.train import train
+
+    root = Path(cfg.out)
+    results: dict = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}, "envs": {}}
+    for env_id in cfg.envs:
+        model = (cfg.model or {}).get(env_id) or GAMES[env_id].model
+        start = load_policy(model)
+        t0 = time.perf_counter()
+        before = evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks, noise_seed=10**6,
+                               setting=cfg.setting(env_id))
+        log(f"{env_id} start model {model}: held-out success {before['all']['success']:.3f} "
+            f"valid {before['all']['valid_share']:.3f} ({time.perf_counter() - t0:.0f}s)")
+        env_res: dict = {"model": model, "before": before, "methods": {}}
+        for method in cfg.methods:
+            per_seed = []
+            for seed in cfg.seeds:
+                out = root / env_id / f"{method}-s{seed}"
+                policy = load_policy(model)  # trained in place
+                rows = train(_train_config(cfg, env_id, method, seed, out), policy=policy, progress=False)
+                after = evaluate_game(policy, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
+                                      noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
+                per_seed.append({"seed": seed, "after": after, "train": rows})
+                log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
+                    f"(before {before['all']['success']:.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
+            env_res["methods"][method] = _method_summary(per_seed)
+        results["envs"][env_id] = env_res
+        _plot(root, env_id, cfg)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "results.json").write_text(json.dumps(results, indent=1, default=float))
+    return results
+
+
+def _method_summary(per_seed: list[dict]) -> dict:
+    n = sum(s["after"]["all"]["episodes"] for s in per_seed)
+    wins = sum(s["after"]["all"]["success"] * s["after"]["all"]["episodes"] for s in per_seed)
+    rows = [r for s in per_seed for r in s["train"]]
+    turns = sum(r.get("turns", 0) for r in rows)
+    bad = sum(r.get("invalid_turns", 0) for r in rows)
+    return {
+        "success": wins / max(n, 1), "success_ci": list(wilson(wins, n)), "episodes": n,
+        "per_seed": [s["after"]["all"]["success"] for s in per_seed],
+        "aux_tokens_per_update": float(np.mean([r["aux_tokens"] for r in rows])) if rows else 0.0,
+        "seconds_per_update": float(np.mean([r["time"] for r in rows])) if rows else 0.0,
+        "train_invalid_share": bad / max(turns, 1),
+        "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
+    }
+
+
+def _plot(root: Path, env_id: str, cfg: GamesBenchConfig) -> None:
+    try:
+        from twice_envs.agents.plots import plot_runs
+    except ImportError:  # pragma: no cover
+        return
+    runs = [root / env_id / f"{m}-s{s}" for m in cfg.methods for s in cfg.seeds]
+    try:
+        plot_runs(runs, root / f"curves-{env_id}.png", labels=[r.name for r in runs], smooth=1)
+    except Exception as exc:  # noqa: BLE001 - matplotlib missing: the figures are in results.json
+        print(f"(no plot: {exc})")
+
+
+def report(results: dict) -> str:
+    """The results as text: a table per env, the ordering, and whether the intervals separate 5 points."""
+    lines = []
+    for env_id, r in results["envs"].items():
+        b = r["before"]["all"]
+        lines.append(f"{env_id} (start model {r['model']}): before {b['success']:.3f} "
+                     f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, valid {b['valid_share']:.3f}")
+        lines.append(f"  {'method':<7} {'after':>6} {'95% CI':>15} {'n':>5} {'aux tok/upd':>11} {'s/upd':>6} "
+                     f"{'train invalid':>13}")
+        ms = r["methods"]
+        for m, x in ms.items():
+            lines.append(f"  {m:<7} {x['success']:6.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
+                         f"{x['episodes']:5d} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
+                         f"{x['train_invalid_share']:13.3f}")
+        if ms:
+            order = sorted(ms, key=lambda m: -ms[m]["success"])
+            lines.append("  ordering: " + " > ".join(order))
+            n = min(x["episodes"] for x in ms.values())
+            p = float(np.mean([x["success"] for x in ms.values()]))
+            half = 1.96 * math.sqrt(2 * max(p * (1 - p), 1e-4) / max(n, 1))
+            need = episodes_for_difference(p)
+            verdict = "can" if half <= 0.05 else "cannot"
+            lines.append(f"  a 95% interval of a difference between two methods has half-width {half:.3f}: it "
+                         f"{verdict} tell apart a 5-point difference (that needs about {need} held-out episodes "
+                         f"per method at success {p:.2f}; here {n})")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``twice bench games``."""
+    p = argparse.ArgumentParser(prog="twice bench games", description=__doc__.split("\n\n")[1])
+    d = GamesBenchConfig()
+    p.add_argument("--envs", default=",".join(d.envs))
+    p.add_argument("--methods", default=",".join(d.methods))
+    p.add_argument("--seeds", type=int, default=len(d.seeds), help="training seeds per method")
+    p.add_argument("--updates", type=int, default=d.updates)
+    p.add_argument("--tasks", type=int, default=d.tasks_per_update, help="training tasks per update")
+    p.add_argument("--group-size", type=int, default=d.group_size)
+    p.add_argument("--eval-tasks", type=int, default=None)
+    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument("--model", action="append", default=[], help="ENV=MODEL start model (repeatable)")
+    p.add_argument("--out", default=d.out)
+    p.add_argument("--max-turns", type=int, default=None, help="turn cap (default: per env)")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
+    p.add_argument("--eval-only", action="store_true",
+                   help="only evaluate the start models on the held-out tasks (per task type)")
+    a = p.parse_args(argv)
+    cfg = GamesBenchConfig(
+        envs=tuple(e for e in a.envs.split(",") if e), methods=tuple(m for m in a.methods.split(",") if m),
+        seeds=tuple(range(a.seeds)), updates=a.updates, tasks_per_update=a.tasks, group_size=a.group_size,
+        eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, out=a.out, max_turns=a.max_turns,
+        max_new_tokens=a.max_new_tokens,
+        model=dict(x.split("=", 1) for x in a.model) or None)
+    unknown = [e for e in cfg.envs if e not in GAMES]
+    if unknown:
+        p.error(f"unknown game env(s) {unknown}; choose from {', '.join(GAMES)}")
+    if a.eval_only:
+        from twice_envs.agents.models import load_policy
+
+        for env_id in cfg.envs:
+            model = (cfg.model or {}).get(env_id) or GAMES[env_id].model
+            t0 = time.perf_counter()
+            res = evaluate_game(load_policy(model), env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
+                                noise_seed=10**6, setting=cfg.setting(env_id))
+            print(f"{env_id} {model}, held-out, temperature 1 ({time.perf_counter() - t0:.0f}s):")
+            for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):
+                print(f"  {kind:<32} success {x['success']:.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
+                      f"valid turns {x['valid_share']:.3f} ({x['episodes']} episodes, {x['turns']} turns)")
+        return 0
+    res = run_games_bench(cfg)
+    print(report(res))
+    print(f"results: {Path(cfg.out) / 'results.json'}")
+    return 0

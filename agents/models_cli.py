@@ -1,0 +1,118 @@
+"""``twice models build-tiny | smollm2 | info``: build, check and inspect the agent's models."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Sequence
+
+from twice_envs.agents import recipes
+from twice_envs.agents.gguf import convert_smollm2, smollm2_gguf
+from twice_envs.agents.model_dirs import SMOLLM2_NAME, models_dir
+
+
+def _model_name(recipe: str) -> str:
+    return next((n for n, r in recipes.NAMED_MODELS.items() if r == recipe), recipe)
+
+
+def _check(args, cfg, parser) -> int:
+    """Rebuild a shipped recipe in a temporary folder (or ``--out``) and compare its quality."""
+    shipped = recipes.shipped_dir(args.recipe)
+    if shipped is None:
+        parser.error(f"--check compares a rebuild with a shipped model; the {args.recipe} recipe is not shipped")
+    # the thread count does not change the result; every other setting does
+    if replace(cfg, threads=recipes.RECIPES[args.recipe].threads) != recipes.RECIPES[args.recipe]:
+        parser.error(f"--check rebuilds the shipped model: the {args.recipe} recipe without changes (only --threads)")
+    tol = recipes.QualityTolerance(loss=args.loss_tolerance)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = recipes.build_tiny(Path(args.out or tmp) / _model_name(args.recipe), cfg, recipe=args.recipe)
+        em_questions = args.questions if "SearchQA-v0" in cfg.envs else 0
+        ref = recipes.model_quality(shipped, cfg, episodes=args.transcripts, em_questions=em_questions)
+        new = recipes.model_quality(out, cfg, episodes=args.transcripts, em_questions=em_questions)
+        ok, lines = recipes.compare_quality(ref, new, tol)
+        same = recipes.same_build(out, shipped)
+    print(f"rebuilt {args.recipe} vs the shipped model {shipped}:")
+    for line in lines:
+        print(f"  {line}")
+    print(f"  bytes: {'identical' if same else 'differ (expected on another CPU or library version)'}")
+    print("same quality as the shipped model" if ok else "QUALITY DIFFERS from the shipped model")
+    return 0 if ok else 1
+
+
+def models_main(argv: Sequence[str]) -> int:
+    """``twice models build-tiny | smollm2 | info``."""
+    parser = argparse.ArgumentParser(prog="twice models", description="Build or inspect the agent's models.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build-tiny", help="build a tiny model from scripted transcripts (cached)")
+    b.add_argument("--out", default=None, help="output directory (default: the cache)")
+    b.add_argument("--steps", type=int, default=None, help="training steps")
+    b.add_argument("--episodes", type=int, default=None, help="scripted episodes per env")
+    b.add_argument("--envs", default=None, help="comma-separated env ids (default: the recipe's)")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads for training (default 2; 0: torch's default)")
+    b.add_argument("--recipe", choices=sorted(recipes.RECIPES), default=recipes.DEFAULT_RECIPE,
+                   help=f"{recipes.DEFAULT_RECIPE} (default): the tiny model; "
+                        + "; ".join(f"{r}: {n}" for n, r in recipes.NAMED_MODELS.items() if r != recipes.DEFAULT_RECIPE)
+                        + "; format: faster, learns the action format only (see RECIPES)")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.add_argument("--check", action="store_true",
+                   help="rebuild a shipped recipe in a temporary folder (or --out) and check that its quality "
+                        "(teacher-forced loss, dev EM) is within tolerance of the shipped model")
+    b.add_argument("--transcripts", type=int, default=40, help="--check: fixed transcripts per env (default 40)")
+    b.add_argument("--questions", type=int, default=100, help="--check: SearchQA dev questions for EM (0: skip)")
+    b.add_argument("--loss-tolerance", type=float, default=recipes.QualityTolerance().loss,
+                   help="--check: allowed loss increase in nats per turn token")
+    s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
+    s.add_argument("--force", action="store_true")
+    sub.add_parser("info", help="show the cached models")
+    args = parser.parse_args(argv)
+    if args.cmd == "build-tiny":
+        cfg = replace(recipes.RECIPES[args.recipe])
+        if args.steps is not None:
+            cfg.steps = args.steps
+        if args.episodes is not None:
+            cfg.episodes_per_env = args.episodes
+        if args.threads is not None:
+            cfg.threads = args.threads
+        if args.envs:
+            cfg.envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
+        if args.check:
+            return _check(args, cfg, parser)
+        name = _model_name(args.recipe)
+        if name not in recipes.NAMED_MODELS and not args.out:
+            parser.error(f"--recipe {args.recipe} needs --out DIR (it builds no named model)")
+        out = Path(args.out) if args.out else models_dir() / name
+        if recipes.tiny_is_current(out, args.recipe) and not args.force:
+            print(f"{out}: already built (use --force to rebuild)")
+            return 0
+        recipes.build_tiny(out, cfg, recipe=args.recipe)
+        print(out)
+        return 0
+    if args.cmd == "smollm2":
+        out = models_dir() / SMOLLM2_NAME
+        if (out / "config.json").exists() and not args.force:
+            print(f"{out}: already converted (use --force to redo)")
+            return 0
+        print(convert_smollm2(out))
+        return 0
+    print(f"models directory: {models_dir()}")
+    for recipe, shipped in recipes.SHIPPED.items():
+        state = "present" if recipes.tiny_is_current(shipped, recipe) else "missing"
+        print(f"  shipped {_model_name(recipe)}: {shipped} ({state})")
+    for name in (*recipes.NAMED_MODELS, SMOLLM2_NAME):
+        path = models_dir() / name
+        if (path / "config.json").exists():
+            meta_file = path / "twice_model.json"
+            meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
+            size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+            extra = f", {meta['parameters'] / 1e6:.2f}M params" if "parameters" in meta else ""
+            print(f"  {name}: {path} ({size / 1e6:.1f} MB{extra})")
+        else:
+            print(f"  {name}: not built")
+    try:
+        print(f"  smollm2 GGUF source: {smollm2_gguf()}")
+    except Exception as exc:  # noqa: BLE001 - informational
+        print(f"  smollm2 GGUF source: unavailable ({exc})")
+    return 0

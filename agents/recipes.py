@@ -1,0 +1,366 @@
+"""Recipes of the tiny models and their builds: transcripts -> tokenizer -> supervised training -> folder.
+
+A build is reproducible byte for byte on the same machine with the same library versions
+(:func:`same_build`); float training is not bit-reproducible across CPUs and versions, so a
+build elsewhere is checked by its quality instead (:func:`model_quality`, :func:`compare_quality`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from twice_envs._deps import require
+from twice_envs.agents.model_dirs import SHIPPED_TINY, TINY_NAME, models_dir, publish_dir
+from twice_envs.agents.sft import copy_sequences, sft_sequences, stack_layers, teacher_forced_loss, train_sft
+from twice_envs.agents.tokenizer import SPECIAL_TOKENS, train_tokenizer
+from twice_envs.agents.transcripts import AUGMENTERS, available_envs, corpus_texts, scripted_agent, scripted_episodes
+
+#: Version of the tiny model's recipes; a cached build of another version is not used
+#: (builds that do not record one are version 1).
+TINY_RECIPE = 2
+#: The recipe of the ``tiny`` model.
+DEFAULT_RECIPE = "reader"
+#: Files of a tiny build that a rebuild on the same machine reproduces byte for byte.
+TINY_FILES = ("model.safetensors", "tokenizer.json", "config.json")
+
+
+@dataclass
+class TinyModelConfig:
+    """How the tiny default model is built (the defaults build it in a few minutes on 2 cores)."""
+
+    envs: tuple[str, ...] = ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0")
+    """Envs whose scripted agents write the transcripts (unavailable ones are skipped; SearchQA first)."""
+    episodes_per_env: int = 600
+    """Scripted episodes per env (unless ``episodes_by_env`` names the env)."""
+    episodes_by_env: dict = field(default_factory=lambda: {"WebShop-v0": 80, "ALFWorld-v0": 30})
+    """Scripted episodes of particular envs (the ALFWorld planner is slow, WebShop pages are long)."""
+    skill_range: tuple[float, float] = (0.2, 0.95)
+    """Each episode's scripted-agent skill is drawn uniformly from this range (mixes good and bad turns)."""
+    max_turns: int = 6
+    """Turn cap of a scripted episode."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments of ``twice_envs.make`` for the transcripts, by env id (``{"ALFWorld-v0":
+    {"show_admissible": True}}``); a model is then used with the same kwargs."""
+    agent_options: dict = field(default_factory=dict)
+    """Keyword options of the scripted agents, by env id (``{"SearchQA-v0": {"quote": True}}``
+    makes the SearchQA agent quote the sentences it reads its facts from)."""
+    renamed_copies: int = 0
+    """Extra variants of each transcript with the invented names permuted, for envs with an
+    augmenter (SearchQA): names then keep no facts across transcripts, so the model must
+    learn to copy them rather than memorise them."""
+    vocab_size: int = 2048
+    """BPE vocabulary size (including the special tokens)."""
+    tokenizer_corpus: bool = False
+    """Also train the tokenizer on the text of the envs' corpora and training questions (SearchQA's
+    generated encyclopedia); with a vocabulary of about 8k most entity names become one token."""
+    hidden_size: int = 128
+    """Model width."""
+    num_layers: int = 4
+    """Transformer blocks."""
+    num_heads: int = 4
+    """Attention heads."""
+    num_kv_heads: int = 2
+    """Key/value heads (grouped-query attention)."""
+    intermediate_size: int = 384
+    """MLP width."""
+    max_len: int = 512
+    """Training sequences are cut to this many tokens."""
+    embedding_std: float = 0.02
+    """Initial standard deviation of the (tied) token embeddings (larger values give rarely seen
+    tokens, such as names, larger logits)."""
+    context_loss_weight: float = 0.0
+    """Loss weight of the tokens the model does not generate (prompts, observations) relative to
+    its turns (0: only the turns are scored). Predicting passages, where names recur, trains
+    copying; at the default step budget it did not yet make the model copy names."""
+    copy_steps: int = 0
+    """Optimiser steps (at most: it stops once the loss is below 0.1) on synthetic copying before
+    the transcripts: random token runs shown twice, scored on the repeat. Only copying lowers
+    that loss, so the model forms induction heads (attend to the previous occurrence of the
+    current token, predict what followed it); on transcripts alone it had not after 700 steps."""
+    copy_length: tuple[int, int] = (8, 32)
+    """Length range of the random token runs of the copying steps."""
+    copy_layers: int = 0
+    """Run the copying warm-up on a model of this many layers (0: all ``num_layers``), then stack
+    the remaining layers on top with zeroed output projections, so the full model starts out
+    computing what the warmed-up one does. Induction heads form far sooner in two layers."""
+    steps: int = 500
+    """Optimiser steps of supervised training."""
+    length_buckets: bool = False
+    """Batch transcripts of similar length together (:func:`bucket_batches`): a batch is then
+    padded to little more than its mean length, which makes a step about a quarter cheaper."""
+    batch_size: int = 8
+    """Sequences per step."""
+    lr: float = 3e-3
+    """Peak AdamW learning rate (linear warm-up, cosine decay)."""
+    seed: int = 0
+    """Seed of the env tasks, the skills and the initialisation."""
+    threads: int = 2
+    """CPU threads for training (0: torch's default). Two on two idle cores take 0.26 s a step
+    against 0.46 s with one; on a busy shared machine pass one (``--threads 1``): OpenMP threads
+    waiting for a busy core slow the small matrices of this model down many times."""
+
+
+#: Named recipes of ``twice models build-tiny --recipe``.
+#:
+#: * ``reader`` (the default, the shipped ``tiny`` model): 6.5 minutes on two idle cores.
+#:   A copying warm-up on two layers (induction heads form there in about 700 steps; with
+#:   three or four layers, or a 1k-8k vocabulary, they had not after 600-1,500 steps), two
+#:   more layers stacked on top, then SearchQA transcripts whose reasoning quotes the sentence
+#:   a fact is read from, four copies of each with the names permuted, and a 512-token
+#:   vocabulary. It copies names from the question into its queries and from the passages
+#:   into its answers: dev EM 0.06 greedy (single-hop 0.13), 0.03 at temperature 1; its
+#:   turns need about 128 new tokens.
+#: * ``format``: about 2.5 minutes. Learns the action format of the envs (95% valid
+#:   SearchQA turns) but not to copy names: SearchQA dev EM 0. The field defaults of
+#:   :class:`TinyModelConfig`; a base for small experiments.
+RECIPES: dict[str, TinyModelConfig] = {
+    "reader": TinyModelConfig(
+        agent_options={"SearchQA-v0": {"quote": True}}, renamed_copies=4, vocab_size=512, num_layers=4,
+        num_kv_heads=4, max_len=768, copy_steps=1500, copy_layers=2, steps=1000, length_buckets=True,
+    ),
+    "format": TinyModelConfig(),
+    "alfworld": TinyModelConfig(
+        envs=("ALFWorld-v0",), episodes_per_env=48, episodes_by_env={}, skill_range=(0.5, 1.0), max_turns=10,
+        env_kwargs={"ALFWorld-v0": {"show_admissible": True}}, agent_options={"ALFWorld-v0": {"tagged": True}},
+        vocab_size=1024, max_len=1024, steps=120, batch_size=4, length_buckets=True, threads=1,
+    ),
+    "webshop": TinyModelConfig(
+        envs=("WebShop-v0",), episodes_per_env=96, episodes_by_env={}, skill_range=(0.4, 1.0), max_turns=6,
+        vocab_size=1024, max_len=896, steps=120, batch_size=4, length_buckets=True, threads=1,
+    ),
+}
+
+
+def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
+               progress: bool = True, recipe: str = DEFAULT_RECIPE) -> Path:
+    """Build the tiny model into ``out_dir`` (default: the cache) and return its path; ``config``
+    defaults to the :data:`RECIPES` entry ``recipe``, whose name is recorded with the build."""
+    torch = require("torch", "hf", "the tiny model")
+    transformers = require("transformers", "hf", "the tiny model")
+    cfg = config or RECIPES[recipe]
+    final = Path(out_dir) if out_dir is not None else models_dir() / TINY_NAME
+    log = (lambda msg: print(f"[build-tiny] {msg}", file=sys.stderr, flush=True)) if progress else (lambda msg: None)
+    t0 = time.time()
+    envs = available_envs(cfg.envs)
+    if not envs:
+        raise RuntimeError(f"none of the envs {cfg.envs} can be made here; the tiny model needs transcripts")
+    episodes, per_env = [], {}
+    for k, env_id in enumerate(envs):
+        n_eps = int(cfg.episodes_by_env.get(env_id, cfg.episodes_per_env))
+        t_env = time.time()
+        eps = scripted_episodes(env_id, n_eps, seed=cfg.seed + k, skill_range=cfg.skill_range,
+                                max_turns=cfg.max_turns, agent_options=cfg.agent_options.get(env_id),
+                                env_kwargs=cfg.env_kwargs.get(env_id))
+        log(f"{env_id}: {len(eps)} scripted episodes ({time.time() - t_env:.1f}s)")
+        augment = scripted_agent(env_id, AUGMENTERS) if cfg.renamed_copies else None
+        if augment is not None:
+            import twice_envs
+
+            env = twice_envs.make(env_id)
+            env.reset(seed=cfg.seed)
+            eps = eps + augment(env, eps, cfg.renamed_copies, np.random.default_rng([cfg.seed, k, 0xA5]))
+            log(f"{env_id}: {len(eps)} transcripts with renamed copies")
+        per_env[env_id] = len(eps)
+        episodes += eps
+    log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")
+    texts = []
+    for first_obs, turns in episodes:
+        texts.append(first_obs)
+        for a, o in turns:
+            texts += [a, o]
+    if cfg.tokenizer_corpus:
+        texts += corpus_texts(envs)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight)
+    n_tok = sum(len(s) for s, _ in seqs)
+    log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
+
+    threads_before = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    mcfg = transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=max(2048, cfg.max_len * 4),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    model = transformers.LlamaForCausalLM(mcfg)
+    if cfg.embedding_std != mcfg.initializer_range:
+        with torch.no_grad():
+            model.get_input_embeddings().weight.normal_(0.0, cfg.embedding_std)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: Llama, {n_params / 1e6:.2f}M parameters")
+    try:
+        if cfg.copy_steps:
+            copy_seqs = copy_sequences(len(tokenizer), 4 * cfg.copy_steps * cfg.batch_size, cfg.copy_length,
+                                       first_id=len(SPECIAL_TOKENS), seed=cfg.seed)
+            warm = model
+            if 0 < cfg.copy_layers < cfg.num_layers:
+                small = copy.deepcopy(mcfg)
+                small.num_hidden_layers = cfg.copy_layers
+                torch.manual_seed(cfg.seed)
+                warm = transformers.LlamaForCausalLM(small)
+                warm.get_input_embeddings().weight.data.copy_(model.get_input_embeddings().weight.data)
+            log(f"copying warm-up: {cfg.copy_steps} steps, {warm.config.num_hidden_layers} layers")
+            train_sft(warm, copy_seqs, steps=cfg.copy_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
+                      log=log, pad_id=tokenizer.pad_token_id, stop_loss=0.1)
+            if warm is not model:
+                stack_layers(model, warm)
+        train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,
+                  pad_id=tokenizer.pad_token_id, length_buckets=cfg.length_buckets)
+    finally:
+        torch.set_num_threads(threads_before)
+    model.eval()
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "recipe_name": recipe, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
+            "train_tokens": n_tok, "seconds": round(time.time() - t0, 1)}
+    (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
+    publish_dir(tmp, final)
+    log(f"saved to {final} ({time.time() - t0:.1f}s)")
+    return final
+
+
+def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
+    """Whether ``path`` holds a tiny model built by the current version (:data:`TINY_RECIPE`) of
+    the named recipe."""
+    meta = Path(path) / "twice_model.json"
+    if not (Path(path) / "config.json").exists() or not meta.exists():
+        return False
+    try:
+        info = json.loads(meta.read_text())
+    except (OSError, ValueError):
+        return False
+    return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
+
+
+def same_build(a: os.PathLike, b: os.PathLike) -> bool:
+    """Whether two tiny builds hold the same bytes in :data:`TINY_FILES`."""
+    import hashlib
+
+    def digest(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else ""
+
+    return all(digest(Path(a) / f) == digest(Path(b) / f) != "" for f in TINY_FILES)
+
+
+
+
+#: Model names of :func:`~twice_envs.agents.models.resolve_model_dir` and the recipe each is built by.
+NAMED_MODELS: dict[str, str] = {TINY_NAME: DEFAULT_RECIPE, "tiny-alfworld": "alfworld", "tiny-webshop": "webshop"}
+#: Folders of the builds shipped with the package, by recipe.
+SHIPPED: dict[str, Path] = {DEFAULT_RECIPE: SHIPPED_TINY, "alfworld": SHIPPED_TINY.parent / "tiny_alfworld",
+                             "webshop": SHIPPED_TINY.parent / "tiny_webshop"}
+
+
+def shipped_dir(recipe: str) -> Optional[Path]:
+    """The shipped build of ``recipe`` (None when the package ships none)."""
+    path = SHIPPED.get(recipe)
+    return path if path is not None and (path / "config.json").is_file() else None
+
+
+# ----------------------------------------------------------------------------- quality of a build
+#: Seed of the check transcripts (training transcripts use ``config.seed + k``, k = env index).
+CHECK_SEED = 7919
+
+
+@dataclass(frozen=True)
+class Quality:
+    """Quality figures of a tiny model, measured the same way for the shipped and a rebuilt model."""
+
+    loss: float
+    """Teacher-forced loss (nats per turn token) on fixed scripted transcripts of the recipe's envs."""
+    em: Optional[float] = None
+    """Greedy exact match on SearchQA dev questions (None: not measured)."""
+    questions: int = 0
+    """Dev questions behind ``em``."""
+
+
+@dataclass(frozen=True)
+class QualityTolerance:
+    """How far a rebuilt model may be from the shipped one and still count as the same recipe.
+
+    A rebuild on another CPU or library version differs in the last bits of every float
+    operation, and after a few thousand optimiser steps the weights differ visibly; the
+    figures a user cares about should not. The loss allowance is a stated tolerance, a quarter
+    of the shipped ``reader`` model's check loss (0.200 nats per turn token on 40 transcripts per
+    env); noise of scale 0.05 added to its weights raises that loss far more (the suite checks
+    that such a build fails). The gap between two seeds of the recipe was not measured.
+    """
+
+    loss: float = 0.05
+    """Largest allowed increase of the teacher-forced loss, in nats per turn token."""
+    em_sigmas: float = 3.0
+    """Largest allowed drop of dev EM, in standard errors of the difference of two binomial means."""
+
+
+def check_transcripts(config: "TinyModelConfig", episodes: int = 40) -> list:
+    """Fixed scripted transcripts for the quality check: the recipe's agents on other seeds than training."""
+    out = []
+    for k, env_id in enumerate(available_envs(config.envs)):
+        n = max(1, episodes * int(config.episodes_by_env.get(env_id, config.episodes_per_env)) // config.episodes_per_env)
+        out += scripted_episodes(env_id, min(n, episodes), seed=CHECK_SEED + k, skill_range=config.skill_range,
+                                 max_turns=config.max_turns, agent_options=config.agent_options.get(env_id),
+                                 env_kwargs=config.env_kwargs.get(env_id))
+    return out
+
+
+def model_quality(path: os.PathLike, config: "TinyModelConfig", *, episodes: int = 40, em_questions: int = 0) -> Quality:
+    """:class:`Quality` of the model in ``path``: teacher-forced loss on :func:`check_transcripts`
+    and, with ``em_questions``, greedy SearchQA dev EM through the standard evaluation."""
+    from twice_envs.agents.policy import HFPolicy
+
+    policy = HFPolicy.from_pretrained(Path(path))
+    seqs = sft_sequences(policy.tokenizer, check_transcripts(config, episodes), config.max_len)
+    loss = teacher_forced_loss(policy.model, seqs, pad_id=policy.tokenizer.pad_token_id)
+    em = None
+    if em_questions:
+        from twice_envs.agents.train import cpu_config, evaluate
+
+        em = float(evaluate(policy, cpu_config(), questions=em_questions, split="dev")["em"])
+    return Quality(loss=float(loss), em=em, questions=int(em_questions) if em is not None else 0)
+
+
+def compare_quality(reference: Quality, rebuilt: Quality, tolerance: QualityTolerance = QualityTolerance()
+                    ) -> tuple[bool, list[str]]:
+    """Whether ``rebuilt`` is within ``tolerance`` of ``reference`` (it may be better), with one line per figure."""
+    ok = True
+    lines = []
+    gap = rebuilt.loss - reference.loss
+    good = gap <= tolerance.loss
+    ok &= good
+    lines.append(f"teacher-forced loss {rebuilt.loss:.4f} vs {reference.loss:.4f} nats/token "
+                 f"({gap:+.4f}; allowed +{tolerance.loss:.4f}): {'ok' if good else 'TOO HIGH'}")
+    if reference.em is not None and rebuilt.em is not None:
+        n1, n2 = max(reference.questions, 1), max(rebuilt.questions, 1)
+        # standard error of the difference; the 0.5/n floor keeps an EM of 0 from giving a zero band
+        p1, p2 = max(reference.em, 0.5 / n1), max(rebuilt.em, 0.5 / n2)
+        se = math.sqrt(p1 * (1 - p1) / n1 + p2 * (1 - p2) / n2)
+        drop = reference.em - rebuilt.em
+        good = drop <= tolerance.em_sigmas * se
+        ok &= good
+        lines.append(f"dev EM {rebuilt.em:.3f} (n={rebuilt.questions}) vs {reference.em:.3f} (n={reference.questions}) "
+                     f"(drop {drop:+.3f}; allowed {tolerance.em_sigmas * se:.3f} = {tolerance.em_sigmas:g} s.e.): "
+                     f"{'ok' if good else 'TOO LOW'}")
+    return bool(ok), lines

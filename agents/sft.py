@@ -1,0 +1,175 @@
+"""Supervised training of causal LMs on weighted token sequences (transcripts, copying drills)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional, Sequence
+
+import numpy as np
+
+
+def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0) -> list[tuple[list[int], list[float]]]:
+    """Training sequences of scripted episodes ``(first_obs, [(action, obs), ...])``: the tokens the
+    rollout would feed the model, weighted 1 on the turns and ``context_weight`` elsewhere, cut to
+    ``max_len`` (sequences with nothing scored are dropped)."""
+    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
+
+    seqs = []
+    for first_obs, turns in episodes:
+        ids = list(initial_prompt_ids(tokenizer, first_obs))
+        mask = [context_weight] * len(ids)
+        for action, obs in turns:
+            a = tokenizer.encode(action, add_special_tokens=False)
+            ids += a
+            mask += [1.0] * len(a)
+            o = observation_ids(tokenizer, obs)
+            ids += o
+            mask += [context_weight] * len(o)
+        ids, mask = ids[:max_len], mask[:max_len]
+        if any(mask):
+            seqs.append((ids, mask))
+    return seqs
+
+
+def stack_layers(model, bottom) -> None:
+    """Give ``model`` the embeddings, final norm and first layers of the shallower ``bottom`` (same
+    architecture otherwise), and zero the output projections of its other layers: each of those
+    then adds nothing to the residual stream, so ``model`` computes exactly what ``bottom`` does."""
+    import torch
+
+    n = bottom.config.num_hidden_layers
+    with torch.no_grad():
+        model.get_input_embeddings().weight.copy_(bottom.get_input_embeddings().weight)
+        model.model.norm.load_state_dict(bottom.model.norm.state_dict())
+        for i, layer in enumerate(model.model.layers):
+            if i < n:
+                layer.load_state_dict(bottom.model.layers[i].state_dict())
+            else:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+
+
+def copy_sequences(vocab_size: int, n: int, length: tuple[int, int], *, first_id: int = 0,
+                   seed: int = 0) -> list[tuple[list[int], list[float]]]:
+    """``n`` sequences ``x + x`` of random token runs ``x``, scored on the repeat (after its first token)."""
+    rng = np.random.default_rng([seed, 0xC0B7])
+    out = []
+    for _ in range(n):
+        x = rng.integers(first_id, vocab_size, size=int(rng.integers(length[0], length[1] + 1))).tolist()
+        out.append((x + x, [0.0] * (len(x) + 1) + [1.0] * (len(x) - 1)))
+    return out
+
+
+def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
+              seed: int = 0, pad_id: int = 0, log: Callable[[str], None] = lambda m: None,
+              stop_loss: Optional[float] = None, length_buckets: bool = False) -> list[float]:
+    """Supervised training on ``(input_ids, loss_weights)`` sequences (0: not scored); returns the loss per step.
+
+    With ``stop_loss``, training ends early once the mean loss of the last 25 steps is below it.
+    With ``length_buckets``, each batch holds sequences of similar length (see :func:`bucket_batches`).
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
+    warm = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(1.0, s / max(1, steps))))
+    )
+    model.train()
+    losses = []
+    with torch.enable_grad():
+        if length_buckets:
+            batches = bucket_batches([len(s) for s, _ in seqs], batch_size, g)
+        else:
+            batches = random_batches(len(seqs), batch_size, g)
+        _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss)
+    model.eval()
+    return losses
+
+
+def random_batches(n: int, batch_size: int, g) -> Iterator[list[int]]:
+    """Endless batches of ``batch_size`` indices below ``n``, drawn uniformly with replacement."""
+    import torch
+
+    while True:
+        yield torch.randint(n, (batch_size,), generator=g).tolist()
+
+
+def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64) -> Iterator[list[int]]:
+    """Endless batches of indices whose lengths are close: each pass over the data sorts the
+    sequences by length plus a fresh uniform jitter of ``spread`` tokens (so batches differ from
+    pass to pass), cuts the order into batches and visits them in random order. Padding a batch
+    to its longest sequence then costs little (a batch of random transcripts is padded to
+    nearly the longest one)."""
+    import torch
+
+    lengths_t = torch.tensor(list(lengths), dtype=torch.float32)
+    while True:
+        key = lengths_t + spread * torch.rand(len(lengths_t), generator=g)
+        order = torch.argsort(key).tolist()
+        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+        for c in torch.randperm(len(chunks), generator=g).tolist():
+            yield chunks[c]
+
+
+def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss=None) -> None:
+    import torch
+
+    for step in range(steps):
+        ids, mask, loss_mask = _pad([seqs[i] for i in next(batches)], pad_id)
+        # the LM head only at the positions that are scored (the generated turns, a small
+        # share of the tokens): with a large vocabulary it would otherwise dominate the step
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+        weight = loss_mask[:, 1:]
+        sel = weight > 0
+        logits = model.get_output_embeddings()(hidden[sel]).float()
+        nll = torch.nn.functional.cross_entropy(logits, ids[:, 1:][sel], reduction="none")
+        loss = (nll * weight[sel]).sum() / weight[sel].sum().clamp(min=1e-6)
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        done = stop_loss is not None and len(losses) >= 25 and np.mean(losses[-25:]) < stop_loss
+        if step % 25 == 0 or step == steps - 1 or done:
+            log(f"step {step + 1}/{steps} loss {np.mean(losses[-25:]):.3f}")
+        if done:
+            break
+
+
+def teacher_forced_loss(model, seqs: Sequence[tuple[list[int], list[float]]], *, batch_size: int = 8,
+                        pad_id: int = 0) -> float:
+    """Mean weighted next-token loss (nats per scored token) of ``model`` on ``(input_ids, loss_weights)``
+    sequences, without training: the quality figure rebuilt models are compared by."""
+    import torch
+
+    total, weight_sum = 0.0, 0.0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for start in range(0, len(seqs), batch_size):
+            batch = list(seqs[start: start + batch_size])
+            ids, mask, weight = _pad(batch, pad_id)
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            total += float((nll * weight[:, 1:]).sum())
+            weight_sum += float(weight[:, 1:].sum())
+    model.train(was_training)
+    if weight_sum <= 0:
+        raise ValueError("no scored tokens: every sequence has zero loss weights")
+    return total / weight_sum
+
+
+def _pad(batch, pad_id: int):
+    import torch
+
+    width = max(len(s) for s, _ in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(batch), width), dtype=torch.float32)
+    for r, (s, m) in enumerate(batch):
+        ids[r, : len(s)] = torch.tensor(s)
+        mask[r, : len(s)] = 1
+        loss_mask[r, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    return ids, mask, loss_mask

@@ -1,0 +1,107 @@
+"""Transcripts of scripted agents: what the tiny models are warm-started on.
+
+The agents themselves live beside their envs (``twice_envs.envs.*.scripted``); this module
+names them per env id, runs them for a number of episodes and collects the text.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+#: Scripted agents used for warm-start transcripts, ``env id -> "module:function"``;
+#: each is ``f(env, rng, skill) -> str`` (the next turn's text).
+SCRIPTED_AGENTS: dict[str, str] = {
+    "SearchQA-v0": "twice_envs.envs.searchqa.scripted:scripted_turns",
+    "WebShop-v0": "twice_envs.envs.webshop.scripted:scripted_turns",
+    "ALFWorld-v0": "twice_envs.envs.alfworld.scripted:scripted_turns",
+}
+
+#: Transcript augmenters, ``env id -> "module:function"``; each is
+#: ``f(env, episodes, copies, rng) -> episodes`` (``copies`` altered variants of each episode).
+AUGMENTERS: dict[str, str] = {
+    "SearchQA-v0": "twice_envs.envs.searchqa.scripted:renamed_copies",
+}
+
+
+def scripted_agent(env_id: str, table: Optional[dict] = None) -> Optional[Callable]:
+    """The scripted agent (or, with ``table=AUGMENTERS``, the augmenter) of ``env_id``; None when it has
+    none or its module cannot be imported here."""
+    target = (SCRIPTED_AGENTS if table is None else table).get(env_id)
+    if target is None:
+        return None
+    module, _, func = target.partition(":")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _admissible_agent(env, rng: np.random.Generator, skill: float) -> str:
+    """A generic scripted agent for envs that list their admissible actions."""
+    actions = list(env.last_info.get("admissible_actions") or [])
+    if not actions:
+        return "look"
+    return str(actions[int(rng.integers(len(actions)))])
+
+
+def scripted_episodes(env_id: str, n: int, *, seed: int = 0, skill_range=(0.2, 0.95), max_turns: int = 6,
+                      agent: Optional[Callable] = None, agent_options: Optional[dict] = None,
+                      env_kwargs: Optional[dict] = None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """``n`` scripted episodes on ``env_id`` (made with ``env_kwargs``): ``(first_obs, [(action, obs), ...])``
+    each; ``agent_options`` are passed to the agent as keyword arguments."""
+    import twice_envs
+
+    agent = agent or scripted_agent(env_id) or _admissible_agent
+    rng = np.random.default_rng([seed, 0x51F7])
+    out = []
+    env = twice_envs.make(env_id, **(env_kwargs or {}))
+    for i in range(n):
+        skill = float(rng.uniform(*skill_range))
+        obs, info = env.reset(seed=seed * 100_003 + i)
+        turns = []
+        for _ in range(max_turns):
+            action = agent(env, rng, skill, **(agent_options or {}))
+            obs2, _r, term, trunc, _info = env.step(action)
+            turns.append((action, obs2))
+            if term or trunc:
+                break
+        out.append((obs, turns))
+    return out
+
+
+def available_envs(env_ids: Sequence[str]) -> list[str]:
+    """The ids among ``env_ids`` that can be made here (their data and extras are installed)."""
+    import twice_envs
+
+    ok = []
+    for env_id in env_ids:
+        if env_id not in twice_envs.registry:
+            continue
+        try:
+            env = twice_envs.make(env_id)
+            env.reset(seed=0)
+        except Exception:  # an env whose optional dependency is missing: skip it
+            continue
+        ok.append(env_id)
+    return ok
+
+
+def corpus_texts(env_ids: Sequence[str]) -> list[str]:
+    """Passages and training-split questions of the envs that expose a corpus (SearchQA)."""
+    import twice_envs
+
+    out: list[str] = []
+    for env_id in env_ids:
+        env = twice_envs.make(env_id)
+        env.reset(seed=0)
+        res = getattr(env.unwrapped, "resources", None)
+        corpus = getattr(res, "corpus", None)
+        if corpus is None or not hasattr(corpus, "iter_contents"):
+            continue
+        out += [str(c) for c in corpus.iter_contents()]
+        questions = getattr(res, "questions", None) or {}
+        out += [q.question for q in questions.get("train", [])]
+    return out

@@ -1,0 +1,72 @@
+"""The text-game evaluation and ``twice bench games`` (a smoke run at a tiny size)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tests.agents._tiny import tiny_dir
+from twice_envs.agents import games_bench as gb
+
+
+def test_wilson_interval_matches_the_formula():
+    lo, hi = gb.wilson(5, 10)
+    assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
+    assert gb.wilson(0, 20)[0] == 0.0 and 0.15 < gb.wilson(0, 20)[1] < 0.17
+
+
+def test_episodes_needed_to_separate_five_points():
+    # 2 p (1 - p) (1.96 / 0.05)^2 at p = 0.5
+    assert gb.episodes_for_difference(0.5) == 769
+    assert gb.episodes_for_difference(0.2) == 492
+
+
+def _ep(utility, invalid):
+    return SimpleNamespace(utility=utility, turns=[SimpleNamespace(invalid=b) for b in invalid])
+
+
+def test_summarize_counts_success_and_valid_turns_per_task_type():
+    eps = [_ep(1.0, [False, False]), _ep(0.0, [True, False, False]),  # task 0 (type a), 2 samples
+           _ep(0.5, [True]), _ep(1.0, [False])]  # task 1 (type b)
+    s = gb.summarize("WebShop-v0", eps, ["a", "b"], samples=2)
+    assert s["all"]["episodes"] == 4 and s["all"]["success"] == 0.5  # a reward of 0.5 is no success
+    assert s["all"]["valid_share"] == pytest.approx(5 / 7)
+    assert s["a"]["success"] == 0.5 and s["a"]["valid_share"] == pytest.approx(4 / 5)
+    assert s["b"]["valid_share"] == 0.5 and s["b"]["mean_reward"] == 0.75
+
+
+def test_heldout_tasks_are_the_unseen_games_and_the_test_goals():
+    import twice_envs
+
+    tasks, types, kwargs = gb.heldout_tasks("ALFWorld-v0")
+    env = twice_envs.make("ALFWorld-v0", **kwargs).unwrapped
+    assert kwargs["split"] == "valid_unseen" and len(tasks) == len(env.games)
+    train = set(twice_envs.make("ALFWorld-v0").unwrapped.games)
+    assert not train & set(env.games)
+    assert set(types) <= {"pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
+                          "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"}
+    tasks, types, _ = gb.heldout_tasks("WebShop-v0", 5)
+    assert [t.options for t in tasks] == [{"split": "test", "index": i} for i in range(5)] and len(types) == 5
+
+
+def test_bench_games_smoke(tmp_path):
+    cfg = gb.GamesBenchConfig(envs=("WebShop-v0",), seeds=(0,), updates=1, tasks_per_update=1, group_size=2,
+                              eval_tasks=2, eval_samples=1, out=str(tmp_path), model={"WebShop-v0": str(tiny_dir())},
+                              max_turns=2, max_new_tokens=8)
+    res = gb.run_games_bench(cfg, log=lambda m: None)
+    r = res["envs"]["WebShop-v0"]
+    assert set(r["methods"]) == {"grpo", "gigpo", "twice", "crr"}
+    assert r["before"]["all"]["episodes"] == 2
+    for m, x in r["methods"].items():
+        rows = [json.loads(l) for l in (tmp_path / "WebShop-v0" / f"{m}-s0" / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == 1 and 2 <= rows[0]["turns"] <= 4  # 1 task x 2 episodes of 1-2 turns
+        assert x["train_invalid_share"] == rows[0]["invalid_turns"] / rows[0]["turns"]
+        assert x["episodes"] == 2 and x["success"] in (0.0, 0.5, 1.0)
+        assert x["success_ci"][0] <= x["success"] <= x["success_ci"][1]
+    # GRPO and GiGPO run no auxiliary rollouts
+    assert r["methods"]["grpo"]["aux_tokens_per_update"] == 0 == r["methods"]["gigpo"]["aux_tokens_per_update"]
+    text = gb.report(res)
+    assert "ordering:" in text and "5-point difference" in text
+    assert json.loads((tmp_path / "results.json").read_text())["envs"]["WebShop-v0"]["model"] == str(tiny_dir())

@@ -1,0 +1,48 @@
+"""The scripted ALFWorld agent with a mistake rate, and observations that show the admissible commands."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import twice_envs
+
+pytest.importorskip("alfworld")
+
+from twice_envs.envs.alfworld.scripted import scripted_turns  # noqa: E402
+
+
+def test_show_admissible_ends_each_observation_with_the_commands_and_replays():
+    plain = twice_envs.make("ALFWorld-v0")
+    shown = twice_envs.make("ALFWorld-v0", show_admissible=True)
+    obs_p, info_p = plain.reset(seed=3)
+    obs_s, info_s = shown.reset(seed=3)
+    assert "Admissible actions" not in obs_p
+    assert obs_s == f"{obs_p}\n\nAdmissible actions: {', '.join(info_s['admissible_actions'])}."
+    command = info_s["admissible_actions"][0]
+    o1, *_ = plain.step(command)
+    o2, _, _, _, info2 = shown.step(command)
+    assert o2 == f"{o1}\n\nAdmissible actions: {', '.join(info2['admissible_actions'])}."
+    # forks and replays rebuild the same text from the recorded kwargs
+    assert twice_envs.replay(shown.trajectory).trajectory.observations == shown.trajectory.observations
+    with pytest.raises(ValueError, match="show_admissible"):
+        twice_envs.make("ALFWorld-v0", show_admissible="yes")
+
+
+def test_scripted_agent_wins_at_full_skill_and_errs_below_it():
+    env = twice_envs.make("ALFWorld-v0")
+    rng = np.random.default_rng(0)
+    env.reset(seed=1)
+    for _ in range(20):
+        turn = scripted_turns(env, rng, skill=1.0, tagged=True)
+        assert turn.startswith("<action>") and turn.endswith("</action>")
+        _, reward, term, trunc, info = env.step(turn)
+        assert not info["invalid"]
+        if term or trunc:
+            break
+    assert reward == 1.0  # the planner is optimal
+    # at skill 0 every command is a random admissible one: valid, but rarely the planner's
+    env.reset(seed=1)
+    planned = scripted_turns(env, np.random.default_rng(1), skill=1.0)
+    picks = {scripted_turns(env, np.random.default_rng(s), skill=0.0) for s in range(12)}
+    assert picks <= set(env.last_info["admissible_actions"]) and len(picks) > 3 and picks != {planned}
