@@ -65,10 +65,6 @@ class PackedBatch:
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
-    def select(self, rows: Sequence[int]) -> "PackedBatch":
-        idx = torch.as_tensor(list(rows), dtype=torch.long)
-        return PackedBatch(*(getattr(self, f)[idx] for f in ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs")))
-
 
 def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pad_id: int = 0) -> PackedBatch:
     """Pack factual episodes and their per-turn advantages for the loss."""
