@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import credit_stats as cs
-from twice_envs.agents.lab import _ci, _row_stats, equal_token_comparisons, per_turn_table
+from twice_envs.agents.lab import _row_stats, equal_token_comparisons, per_turn_table, write_method_table
 from twice_envs.agents.twins import fresh_seed
 from twice_envs.trajectory import atomic_write_text
 
@@ -319,14 +319,7 @@ def format_table(result: AuditResult) -> str:
     if n_big == 0:
         out.write("note: no decision changes the expected outcome measurably (the policy's outcomes do not vary on "
                   "these questions), so the credit rates are undefined\n")
-    out.write(f"{'method':<17} {'aux tok':>8} {'wrong-sign %':>20} {'zero %':>20} {'Pearson':>22} "
-              f"{'MSE/GRPO':>22} {'ceiling':>8} {'rho-bar':>22}\n")
-    for r in result.rows:
-        ceil = f"{r['ceiling']['value']:.3f}" if "ceiling" in r else ""
-        rb = _ci(r["rho_bar"]) if "rho_bar" in r else ""
-        out.write(f"{r['method']:<17} {r['aux_tokens']:>8d} {_ci(r['wrong_sign'], True):>20} "
-                  f"{_ci(r['zero_credit'], True):>20} {_ci(r['pearson']):>22} {_ci(r['mse_vs_grpo']):>22} "
-                  f"{ceil:>8} {rb:>22}\n")
+    write_method_table(out, result.rows, name_width=17)
     if np.isfinite(result.budget_ratio):
         out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {result.budget_ratio:.3f}\n")
     out.write(f"{'pairs (J=1)':<12} {'rho pooled':>10} {'rho-bar':>8} {'ties':>6} {'reversals':>10} {'Var D':>7}\n")

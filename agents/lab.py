@@ -325,20 +325,25 @@ def _ci(e: dict, pct: bool = False) -> str:
     return f"{e['value'] * f:.3g} [{e['lo'] * f:.3g}, {e['hi'] * f:.3g}]"
 
 
+def write_method_table(out: io.StringIO, rows: Sequence[dict], *, name_width: int) -> None:
+    """One line per method: tokens, then each figure with its 95% CI (the lab's and the LLM audit's table)."""
+    out.write(f"{'method':<{name_width}} {'aux tok':>8} {'wrong-sign %':>20} {'zero %':>20} {'Pearson':>22} "
+              f"{'MSE/GRPO':>22} {'ceiling':>8} {'rho-bar':>22}\n")
+    for r in rows:
+        ceil = f"{r['ceiling']['value']:.3f}" if "ceiling" in r else ""
+        rb = _ci(r["rho_bar"]) if "rho_bar" in r else ""
+        out.write(f"{r['method']:<{name_width}} {r['aux_tokens']:>8d} {_ci(r['wrong_sign'], True):>20} "
+                  f"{_ci(r['zero_credit'], True):>20} {_ci(r['pearson']):>22} {_ci(r['mse_vs_grpo']):>22} "
+                  f"{ceil:>8} {rb:>22}\n")
+
+
 def format_lab(res: LabAuditResult) -> str:
     out = io.StringIO()
     n_big = int(np.sum(np.abs(res.oracle) >= res.config.threshold))
     out.write(f"{res.config.env}: {len(res.oracle)} decisions with exact A* ({n_big} with |A*| >= "
               f"{res.config.threshold}), policy tokens {res.policy_tokens}, mean utility {res.value:.3f}; "
               "95% bootstrap CIs over groups\n")
-    out.write(f"{'method':<12} {'aux tok':>8} {'wrong-sign %':>20} {'zero %':>18} {'Pearson':>20} "
-              f"{'MSE/GRPO':>20} {'ceiling':>8} {'rho-bar':>20}\n")
-    for r in res.rows:
-        ceil = f"{r['ceiling']['value']:.3f}" if "ceiling" in r else ""
-        rb = _ci(r["rho_bar"]) if "rho_bar" in r else ""
-        out.write(f"{r['method']:<12} {r['aux_tokens']:>8d} {_ci(r['wrong_sign'], True):>20} "
-                  f"{_ci(r['zero_credit'], True):>18} {_ci(r['pearson']):>20} {_ci(r['mse_vs_grpo']):>20} "
-                  f"{ceil:>8} {rb:>20}\n")
+    write_method_table(out, res.rows, name_width=12)
     out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {res.budget_ratio:.3f}\n")
     out.write("per turn (Pearson / wrong-sign %):\n")
     for r in res.per_turn:
