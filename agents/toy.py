@@ -69,8 +69,8 @@ class CreditToyEnv(TextEnv):
     version = "1"
     default_max_turns = NUM_TURNS
 
-    def __init__(self, *, max_turns: Optional[int] = None) -> None:
-        super().__init__(max_turns=max_turns)
+    def __init__(self, *, max_turns: Optional[int] = None, render_mode: Optional[str] = None) -> None:
+        super().__init__(max_turns=max_turns, render_mode=render_mode)
 
     def protocol(self) -> Protocol:
         return Protocol(

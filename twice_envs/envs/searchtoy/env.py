@@ -97,9 +97,10 @@ class SearchToyEnv(TextEnv):
     version = "1"
 
     def __init__(self, *, hops: int = 3, queries: int = 8, useful: int = 4, horizon: int = 10,
-                 reward: str = "binary", max_turns: Optional[int] = None) -> None:
+                 reward: str = "binary", max_turns: Optional[int] = None,
+                 render_mode: Optional[str] = None) -> None:
         self.config = SearchToyConfig(hops, queries, useful, horizon, reward)
-        super().__init__(max_turns=max_turns if max_turns is not None else horizon)
+        super().__init__(max_turns=max_turns if max_turns is not None else horizon, render_mode=render_mode)
 
     def protocol(self) -> Protocol:
         c = self.config
