@@ -39,8 +39,8 @@ class DemoConfig:
     """Learning curves: seeds per method."""
     learn_updates: int = 15
     """Learning curves: updates per seed."""
-    updates: int = 10
-    """LLM run: updates per method."""
+    updates: int = 6
+    """LLM run: updates per method (6 keeps the whole demo under 10 minutes on two cores)."""
     questions_per_update: int = 6
     """Questions per update (G = 5 episodes each)."""
     eval_questions: int = 60
