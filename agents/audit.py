@@ -46,7 +46,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import credit_stats as cs
-from twice_envs.agents.lab import _row_stats, equal_token_comparisons, per_turn_table, write_method_table
+from twice_envs.agents.lab import _row_stats, equal_token_comparisons, per_turn_table, write_breakdowns, write_method_table
 from twice_envs.agents.twins import fresh_seed
 from twice_envs.trajectory import atomic_write_text
 
@@ -326,17 +326,8 @@ def format_table(result: AuditResult) -> str:
     for r in result.pair_rows:
         out.write(f"{r['pairs']:<12} {r['rho_pooled']:>10.3f} {r['rho_bar']:>8.3f} {r['tie_share']:>6.2f} "
                   f"{r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
-    out.write("per turn (Pearson / wrong-sign %):\n")
-    for r in result.per_turn:
-        cells = "  ".join(f"{m}: {r[m + ' pearson']:.2f}/{100 * r[m + ' wrong_sign']:.0f}"
-                          for m in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m + " pearson" in r)
-        out.write(f"  turn {r['turn']:<3} n={r['decisions']:<5} {cells}\n")
-    out.write("Twice vs baselines at no more auxiliary tokens (difference, 95% CI, significant?):\n")
-    for c in result.comparisons:
-        dd = c["diff"]
-        out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
-                  f"({c['baseline_tokens']} tok): {dd['value']:+.3f} [{dd['lo']:+.3f}, {dd['hi']:+.3f}] "
-                  f"{'significant' if c['significant'] else 'not significant'}\n")
+    write_breakdowns(out, result.per_turn, result.comparisons,
+                     ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2"), ratios=False)
     return out.getvalue()
 
 

@@ -337,6 +337,24 @@ def write_method_table(out: io.StringIO, rows: Sequence[dict], *, name_width: in
                   f"{ceil:>8} {rb:>22}\n")
 
 
+def write_breakdowns(out: io.StringIO, per_turn: Sequence[dict], comparisons: Sequence[dict],
+                     methods: Sequence[str], *, ratios: bool) -> None:
+    """The per-turn table of ``methods`` and Twice's comparisons at no more auxiliary tokens
+    (with the wrong-sign ratio where ``ratios`` and the comparison has one)."""
+    out.write("per turn (Pearson / wrong-sign %):\n")
+    for r in per_turn:
+        cells = "  ".join(f"{m}: {r[m + ' pearson']:.2f}/{100 * r[m + ' wrong_sign']:.0f}"
+                          for m in methods if m + " pearson" in r)
+        out.write(f"  turn {r['turn']:<3} n={r['decisions']:<5} {cells}\n")
+    out.write("Twice vs baselines at no more auxiliary tokens (difference, 95% CI, significant?):\n")
+    for c in comparisons:
+        d = c["diff"]
+        out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
+                  f"({c['baseline_tokens']} tok): {d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                  f"{'significant' if c['significant'] else 'not significant'}"
+                  + (f"; ratio {_ci(c['ratio'])}" if ratios and "ratio" in c else "") + "\n")
+
+
 def format_lab(res: LabAuditResult) -> str:
     out = io.StringIO()
     n_big = int(np.sum(np.abs(res.oracle) >= res.config.threshold))
@@ -345,18 +363,7 @@ def format_lab(res: LabAuditResult) -> str:
               "95% bootstrap CIs over groups\n")
     write_method_table(out, res.rows, name_width=12)
     out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {res.budget_ratio:.3f}\n")
-    out.write("per turn (Pearson / wrong-sign %):\n")
-    for r in res.per_turn:
-        cells = "  ".join(f"{m}: {r[m + ' pearson']:.2f}/{100 * r[m + ' wrong_sign']:.0f}"
-                          for m in ("grpo", "twice J1", "crr J1", "vineppo K2") if m + " pearson" in r)
-        out.write(f"  turn {r['turn']:<3} n={r['decisions']:<5} {cells}\n")
-    out.write("Twice vs baselines at no more auxiliary tokens (difference, 95% CI, significant?):\n")
-    for c in res.comparisons:
-        d = c["diff"]
-        out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
-                  f"({c['baseline_tokens']} tok): {d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
-                  f"{'significant' if c['significant'] else 'not significant'}"
-                  + (f"; ratio {_ci(c['ratio'])}" if "ratio" in c else "") + "\n")
+    write_breakdowns(out, res.per_turn, res.comparisons, ("grpo", "twice J1", "crr J1", "vineppo K2"), ratios=True)
     return out.getvalue()
 
 
