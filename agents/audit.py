@@ -8,6 +8,10 @@ advantage ``A* = V(s_{t+1}) - V(s_t)`` from many independent rollouts per state
 decisions, before any normalisation, in utility units:
 
 * ``grpo``: ``U - mean_g U`` broadcast to every turn;
+* ``gigpo``: GiGPO's ``A^E + omega A^S`` (:mod:`~twice_envs.agents.credit.gigpo`, published
+  defaults: ``F = 1``, ``gamma = 0.95``, ``omega = 1``); no auxiliary rollouts. The step term
+  groups turns with identical observations, so it is 0 where no two episodes of a group
+  meet the same state; its scale is up to twice GRPO's, which its MSE ratio includes;
 * ``twice Jx`` (diagnostic): every decision twinned, the mean of ``D = U_j - U'_j``
   over ``J`` independent pairs (pair 0: the factual episode and its coupled twin;
   pair ``j >= 1``: a replica of the factual turn and a twin, both on a fresh seed);
@@ -46,7 +50,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import credit_stats as cs
-from twice_envs.agents.lab import _row_stats, equal_token_comparisons, per_turn_table, write_breakdowns, write_method_table
+from twice_envs.agents.lab import row_stats, equal_token_comparisons, per_turn_table, write_breakdowns, write_method_table
+from twice_envs.agents.credit.gigpo import gigpo_credit
 from twice_envs.agents.twins import fresh_seed
 from twice_envs.trajectory import atomic_write_text
 
@@ -207,6 +212,8 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     credit, aux, pairs_of, pair_sets = {}, {}, {}, {}
     credit["grpo"], aux["grpo"], pairs_of["grpo"] = np.array([util[i] - util[groups == groups[i]].mean()
                                                               for i, _ in decisions]), 0, 0
+    gi = gigpo_credit(eps)
+    credit["gigpo"], aux["gigpo"], pairs_of["gigpo"] = np.array([gi[i][t] for i, t in decisions]), 0, 0
     max_j = max(config.pairs)
     rng = np.random.default_rng(config.seed + 5)
     diag = TwiceConfig(q_same=1.0, pairs=max_j)
@@ -257,12 +264,12 @@ def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, p
     """The rows with CIs, the pair table, the per-turn table and the comparisons."""
     idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=episodes, seed=config.seed))
     rho = {name: (p[:, 0], p[:, 1], v_after, v_before) for name, p in pair_sets.items()}
-    rows = [_row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
+    rows = [row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
                        rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
     pair_rows = [summarize_pair_set(name, p, oracle, config.threshold) for name, p in pair_sets.items()]
     for pr in pair_rows:
         pr["rho_bar"] = cs.per_decision_rho(*rho[pr["method"]])
-    methods = [m for m in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m in credit]
+    methods = [m for m in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m in credit]
     return AuditResult(config, oracle, episodes, turns, credit, aux, pairs_of, rows, pair_rows,
                        per_turn_table(oracle, credit, turns, config.threshold, methods),
                        equal_token_comparisons(oracle, credit, aux, idx, config.threshold),
@@ -327,7 +334,7 @@ def format_table(result: AuditResult) -> str:
         out.write(f"{r['pairs']:<12} {r['rho_pooled']:>10.3f} {r['rho_bar']:>8.3f} {r['tie_share']:>6.2f} "
                   f"{r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
     write_breakdowns(out, result.per_turn, result.comparisons,
-                     ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2"), ratios=False)
+                     ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2"), ratios=False)
     return out.getvalue()
 
 
@@ -365,7 +372,7 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
         buf.write(",".join([str(result.episodes[k]), str(result.turns[k]), f"{result.oracle[k]:.6g}"]
                            + [f"{result.credit[n][k]:.6g}" for n in names]) + "\n")
     atomic_write_text(paths["audit_decisions.csv"], buf.getvalue())
-    shown = [n for n in ("grpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if n in result.credit]
+    shown = [n for n in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if n in result.credit]
     paths["audit.png"] = plot_credit_scatter(result.oracle, {n: result.credit[n] for n in shown}, result.pairs_of,
                                              {r["method"]: r for r in result.rows}, out_dir / "audit.png")
     return paths

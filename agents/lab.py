@@ -4,6 +4,10 @@ A lab policy (:mod:`.toy`, :mod:`.search_toy`) samples factual episodes through 
 noise; every decision's true advantage ``A*`` is exact. For the same decisions:
 
 * ``grpo``: ``U - mean_g U`` (the group baseline, utility units);
+* ``gigpo``: GiGPO's ``A^E + omega A^S`` (:mod:`~twice_envs.agents.credit.gigpo`, published
+  defaults: ``F = 1``, ``gamma = 0.95``, ``omega = 1``); no auxiliary rollouts. The step term
+  groups turns with identical observations, so it is 0 where no two episodes of a group
+  meet the same state; its scale is up to twice GRPO's, which its MSE ratio includes;
 * ``twice Jx``: diagnostic twin credit, every decision twinned, the mean of ``J``
   independent pairs (pair 0: the factual episode and its coupled twin; pair ``j >= 1``:
   a replica of the factual turn and a coupled twin, both on a fresh downstream seed);
@@ -37,6 +41,7 @@ from twice_envs import NoiseSchedule, derive_episode_seed
 from twice_envs.agents import credit_stats as cs
 from twice_envs.agents import toy
 from twice_envs.agents.credit import twice, vineppo
+from twice_envs.agents.credit.gigpo import gigpo_credit
 from twice_envs.agents.credit.predictor import decision_index
 from twice_envs.agents.search_toy import SearchToySetting, search_toy_policy
 from twice_envs.agents.twins import Twins, credit_step
@@ -178,7 +183,9 @@ class LabAuditResult:
     rho: dict
 
 
-def _row_stats(name, c, oracle, grpo, pairs, aux, idx, threshold, rho=None) -> dict:
+def row_stats(name, c, oracle, grpo, pairs, aux, idx, threshold, rho=None) -> dict:
+    """One method row: wrong-sign and zero-credit shares, Pearson, MSE / GRPO's, the pair ceiling and
+    rho-bar, each with its bootstrap CI over the resamples ``idx`` (shared by the lab and the audit)."""
     ws = lambda x, a: cs.wrong_sign_rate(x, a, threshold)  # noqa: E731
     zs = lambda x, a: cs.zero_credit_share(x, a, threshold)  # noqa: E731
     row = {
@@ -214,6 +221,8 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
 
     credit, aux, pairs_of, rho = {}, {}, {}, {}
     credit["grpo"], aux["grpo"], pairs_of["grpo"] = np.array([u[i] - u[g == g[i]].mean() for i, _ in index]), 0, 0
+    gi = gigpo_credit(eps)
+    credit["gigpo"], aux["gigpo"], pairs_of["gigpo"] = np.array([gi[i][t] for i, t in index]), 0, 0
     # Twice, diagnostic: pair 0 against the factual episode, further pairs from replicas
     tw = toy.toy_twins(policy, eps, envs, index, coupled=True, branch=1)
     d_pairs = [u1 - np.array([w.utility for w in tw])]
@@ -250,7 +259,7 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     log("lab audit: credit computed; bootstrapping")
 
     idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=groups, seed=config.seed))
-    rows = [_row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
+    rows = [row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
                        rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
     per_turn = per_turn_table(oracle, credit, turns, config.threshold)
     comparisons = equal_token_comparisons(oracle, credit, aux, idx, config.threshold)
@@ -278,7 +287,7 @@ def training_time_twice(policy, eps, envs, config: LabAuditConfig) -> tuple[np.n
     return np.concatenate(res.advantages) * scale, res.aux_tokens
 
 
-def per_turn_table(oracle, credit, turns, threshold, methods=("grpo", "twice J1", "crr J1", "vineppo K2")) -> list[dict]:
+def per_turn_table(oracle, credit, turns, threshold, methods=("grpo", "gigpo", "twice J1", "crr J1", "vineppo K2")) -> list[dict]:
     """Pearson and wrong-sign per turn index (turns past 5 pooled)."""
     out = []
     bins = np.minimum(turns, 6)
@@ -363,7 +372,7 @@ def format_lab(res: LabAuditResult) -> str:
               "95% bootstrap CIs over groups\n")
     write_method_table(out, res.rows, name_width=12)
     out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {res.budget_ratio:.3f}\n")
-    write_breakdowns(out, res.per_turn, res.comparisons, ("grpo", "twice J1", "crr J1", "vineppo K2"), ratios=True)
+    write_breakdowns(out, res.per_turn, res.comparisons, ("grpo", "gigpo", "twice J1", "crr J1", "vineppo K2"), ratios=True)
     return out.getvalue()
 
 
@@ -383,7 +392,7 @@ def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
     atomic_write_text(out_dir / "lab_decisions.csv", buf.getvalue())
     from twice_envs.agents.plots import plot_credit_scatter
 
-    png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in ("grpo", "twice J1", "twice-train", "crr J1",
+    png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1",
                                                                       "vineppo K2") if n in res.credit},
                               {n: res.pairs_of[n] for n in res.credit}, {r["method"]: r for r in res.rows},
                               out_dir / "lab_scatter.png")

@@ -35,11 +35,11 @@ def test_audit_end_to_end_on_the_toy(tmp_path):
     cfg = audit.AuditConfig(env="CreditToy-v0", questions=4, group_size=3, oracle_rollouts=3, max_new_tokens=3,
                             max_turns=3, indexed_tasks=False, pairs=(1, 2), vine_k=(1, 2), n_boot=50)
     res = audit.run_audit(small_policy(0), cfg)
-    assert set(res.credit) == {"grpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2",
+    assert set(res.credit) == {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2",
                                "twice-train", "twice-train+traj"}
     n = len(res.oracle)
     assert n >= 3 and all(len(c) == n for c in res.credit.values()) and len(res.episodes) == n
-    assert res.aux_tokens["grpo"] == 0
+    assert res.aux_tokens["grpo"] == res.aux_tokens["gigpo"] == 0
     for m in ("twice", "crr", "vineppo"):
         one, two = (f"{m} J1", f"{m} J2") if m != "vineppo" else ("vineppo K1", "vineppo K2")
         assert 0 < res.aux_tokens[one] < res.aux_tokens[two]

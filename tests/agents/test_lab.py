@@ -16,7 +16,7 @@ def small_audit():
 def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     res = small_audit
     rows = {r["method"]: r for r in res.rows}
-    assert set(rows) == {"grpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "twice-train"}
+    assert set(rows) == {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "twice-train"}
     for r in res.rows:
         for fig in ("wrong_sign", "pearson", "mse_vs_grpo"):
             e = r[fig]
@@ -34,6 +34,8 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     assert rows["twice J1"]["rho_bar"]["lo"] > 0.2
     assert abs(rows["crr J1"]["rho_bar"]["value"]) < 0.1
     assert 0.8 < res.budget_ratio < 1.25
+    # GiGPO's credit points the right way (its rows are aligned with the audited decisions)
+    assert rows["gigpo"]["pearson"]["lo"] > 0.2 and rows["gigpo"]["aux_tokens"] == 0
     assert "significant" in lab.format_lab(res)
 
 
