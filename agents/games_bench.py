@@ -39,25 +39,36 @@ class GameSetting:
     """Turn cap of an episode."""
     max_new_tokens: int = 32
     """Tokens per turn at most (an action is under 20 tokens)."""
+    heldout_games: int = 0
+    """ALFWorld: generated ``valid_unseen`` games per task type and unseen room layout to evaluate on
+    (0: the 8 bundled ones). More games narrow the intervals and make per-type figures less a
+    matter of one room."""
 
 
 GAMES: dict[str, GameSetting] = {
-    "ALFWorld-v0": GameSetting("tiny-alfworld", {"show_admissible": True}, {"split": "valid_unseen"}, None, 10, 24),
+    "ALFWorld-v0": GameSetting("tiny-alfworld", {"show_admissible": True}, {"split": "valid_unseen"}, None, 12, 24,
+                               heldout_games=4),
     "WebShop-v0": GameSetting("tiny-webshop", {}, {}, "test", 6, 48),
 }
 
 
 def heldout_tasks(env_id: str, n: Optional[int] = None) -> tuple[list, list[str], dict]:
-    """``(tasks, task types, env kwargs)`` of the held-out set of ``env_id`` (the first ``n`` tasks)."""
+    """``(tasks, task types, env kwargs)`` of the held-out set of ``env_id`` (``n`` tasks: WebShop's first
+    ``n`` test goals (default 100), ``n`` ALFWorld games spread over the sorted list (default all))."""
     import twice_envs
     from twice_envs.agents.rollout import Task
 
     setting = GAMES[env_id]
     kwargs = {**setting.env_kwargs, **setting.heldout_kwargs}
+    if setting.heldout_games and env_id.startswith("ALFWorld"):
+        from twice_envs.envs.alfworld.generator import generated_collection
+
+        kwargs["data_dir"] = str(generated_collection(kwargs.get("split", "valid_unseen"), setting.heldout_games))
     env = twice_envs.make(env_id, **kwargs).unwrapped
     if env_id.startswith("ALFWorld"):
-        names = env.games[: n or len(env.games)]
-        return [Task(0, {"index": i}) for i in range(len(names))], [x.split("-")[0] for x in names], kwargs
+        # games are sorted by task type: a subset is spread over the list so that it keeps every type
+        picks = sorted({int(round(x)) for x in np.linspace(0, len(env.games) - 1, min(n or len(env.games), len(env.games)))})
+        return [Task(0, {"index": i}) for i in picks], [env.games[i].split("-")[0] for i in picks], kwargs
     goals = env.res.goals
     split = goals.split_range(setting.heldout_split)
     tasks, types = [], []

@@ -45,6 +45,16 @@ def test_heldout_tasks_are_the_unseen_games_and_the_test_goals():
     assert kwargs["split"] == "valid_unseen" and len(tasks) == len(env.games)
     train = set(twice_envs.make("ALFWorld-v0").unwrapped.games)
     assert not train & set(env.games)
+    # generated games in the rooms the train split never uses (the bundled 8 among them)
+    from twice_envs.envs.alfworld.generator import TASK_LAYOUTS
+
+    assert len(env.games) == 8 * gb.GAMES["ALFWorld-v0"].heldout_games
+    seen = {layout for s, _ in TASK_LAYOUTS.values() for layout in s}
+    assert not {g.split("-")[1] for g in env.games} & seen
+    assert set(twice_envs.make("ALFWorld-v0", split="valid_unseen").unwrapped.games) <= set(env.games)
+    # a subset keeps every task type
+    _, few, _ = gb.heldout_tasks("ALFWorld-v0", 6)
+    assert len(set(few)) == 5 and len(few) == 6
     assert set(types) <= {"pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
                           "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"}
     tasks, types, _ = gb.heldout_tasks("WebShop-v0", 5)

@@ -158,3 +158,30 @@ def test_alfworlds_handcoded_expert_solves_the_single_object_tasks_deterministic
     # same seeds, same choices (its random tie-breaks are seeded)
     solve(env, seed=0, options={"index": 1}, expert=HandcodedExpert(seed=1))
     assert list(env.trajectory.actions) == runs[1]
+
+
+def test_a_generated_training_set_is_played_through_data_dir(tmp_path):
+    from twice_envs.envs.alfworld.generator import TASK_LAYOUTS, generate, main
+
+    assert main(["--out", str(tmp_path), "--split", "train", "--count", "1"]) == 0
+    files = sorted((tmp_path / "train").glob("*.json"))
+    assert len(files) == sum(len(seen) for seen, _ in TASK_LAYOUTS.values())
+    # train games use only the rooms of the train split, never the held-out valid_unseen rooms
+    unseen = {u for _, us in TASK_LAYOUTS.values() for u in us}
+    assert not any(f.stem.split("-")[1] in unseen for f in files)
+    first = files[0].read_text()
+    # keep_existing leaves a cached file alone; without it the file is rewritten
+    files[0].write_text(first.replace('"walkthrough"', '"walkthrough" ', 1))
+    generate(tmp_path, {"train": 1}, keep_existing=True)
+    assert files[0].read_text() != first
+    generate(tmp_path, {"train": 1})
+    assert files[0].read_text() == first
+    env = twice_envs.make("ALFWorld-v0", data_dir=str(tmp_path))
+    assert env.unwrapped.games == [f.stem for f in files]
+    game = json.loads(first)
+    env.reset(seed=0, options={"index": 0})
+    for command in game["walkthrough"]:
+        _, reward, term, _, _ = env.step(command)
+    assert term and reward == 1.0
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--count", "2"])  # --count needs --split

@@ -46,3 +46,27 @@ def test_scripted_agent_wins_at_full_skill_and_errs_below_it():
     planned = scripted_turns(env, np.random.default_rng(1), skill=1.0)
     picks = {scripted_turns(env, np.random.default_rng(s), skill=0.0) for s in range(12)}
     assert picks <= set(env.last_info["admissible_actions"]) and len(picks) > 3 and picks != {planned}
+
+
+def test_a_share_of_episodes_follows_the_handcoded_expert():
+    from twice_envs.envs.alfworld import scripted
+
+    env = twice_envs.make("ALFWorld-v0")
+    kinds = []
+    for seed in range(40):
+        env.reset(seed=seed)
+        scripted_turns(env, np.random.default_rng(seed), skill=1.0, handcoded=0.5)
+        kinds.append(scripted._EPISODE_EXPERT[id(env)])
+    assert 10 <= kinds.count("handcoded") <= 30  # binomial(40, 0.5): outside this in < 0.2% of seeds
+    # the expert is drawn once per episode: later turns keep it
+    env.reset(seed=5)
+    rng = np.random.default_rng(5)
+    scripted_turns(env, rng, skill=1.0, handcoded=0.5)
+    first = scripted._EPISODE_EXPERT[id(env)]
+    for _ in range(3):
+        env.step(scripted_turns(env, rng, skill=1.0, handcoded=0.5))
+        assert scripted._EPISODE_EXPERT[id(env)] == first
+    # at handcoded=1 the commands are the hand-coded expert's: it looks around first, the planner walks off
+    env.reset(seed=2)
+    assert scripted_turns(env, np.random.default_rng(0), skill=1.0, handcoded=1.0) == "look"
+    assert scripted_turns(env, np.random.default_rng(0), skill=1.0, handcoded=0.0).startswith("go to ")

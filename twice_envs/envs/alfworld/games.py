@@ -5,7 +5,10 @@ Real data (from ``alfworld-download``) is laid out as::
     $ALFWORLD_DATA/json_2.1.1/{train,valid_seen,valid_unseen}/<task>-<obj>-.../<trial>/game.tw-pddl
 
 (with a ``traj_data.json`` beside each game). ``data_dir`` may name ``$ALFWORLD_DATA``,
-its ``json_2.1.1`` folder, a split folder, or any folder holding game folders. A folder
+its ``json_2.1.1`` folder, a split folder, or any folder holding game folders. It may also
+name a folder of games in the bundled format (``<dir>/<split>/*.json``, as
+``python -m twice_envs.envs.alfworld.generator --out DIR --split train --count N`` writes
+them): those are assembled like the bundled games. A folder
 laid out by split that lacks the requested split is an error (never another split's
 games), and so is a split folder named for another split.
 Games are listed in sorted order of their relative path (never filesystem order), so
@@ -314,6 +317,9 @@ def _index_stamp(files: list[tuple[str, os.stat_result]]) -> str:
 
 def _list_real(data_dir: str, split: str) -> list[GameEntry]:
     folder = resolve_data_dir(data_dir, split)
+    authored = sorted(folder.glob("*.json"))
+    if authored:  # generated games in the bundled format
+        return [GameEntry(p.stem, str(p), load_authored(p)["task_type"], True) for p in authored]
     found: list[tuple[str, os.stat_result]] = []
     for root, dirs, files in os.walk(folder):
         dirs.sort()

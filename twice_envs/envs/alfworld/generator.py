@@ -8,7 +8,10 @@ own planner and verified by playing it in the engine; a game is kept only when t
 goal does not hold at the start and the walkthrough wins.
 
 Run ``python -m twice_envs.envs.alfworld.generator [--out DIR]`` to rewrite the
-bundled set (deterministic: the same code writes the same files).
+bundled set (deterministic: the same code writes the same files), or
+``--split train --count N`` to write ``N`` games per task type and layout of one split
+(a training set of any size: ``make("ALFWorld-v0", data_dir=DIR)`` plays it). Games of
+the ``valid_unseen`` split are laid out in rooms no other split uses.
 """
 
 from __future__ import annotations
@@ -396,21 +399,38 @@ def make_game(task_type: str, layout_name: str, split: str, k: int, engine_timeo
     raise RuntimeError(f"could not generate a verified game for {name}")
 
 
-def generate(out_dir: Path) -> list[Path]:
-    """Write the bundled set: every task type in its seen layouts (train, valid_seen) and unseen ones."""
+def generate(out_dir: Path, counts: Optional[dict] = None, *, keep_existing: bool = False) -> list[Path]:
+    """Write ``counts[split]`` games (default :data:`SPLIT_COUNTS`: the bundled set) of every task type
+    in each of its layouts of that split (seen layouts for train and valid_seen, unseen ones for
+    valid_unseen) under ``out_dir/<split>/``. With ``keep_existing``, a game file already there is
+    kept (a cache of generated games is filled once)."""
     from twice_envs.trajectory import atomic_write_text
 
+    counts = SPLIT_COUNTS if counts is None else counts
     written = []
     for task_type in TASK_TYPES:
         seen, unseen = TASK_LAYOUTS[task_type]
-        for split, count in SPLIT_COUNTS.items():
+        for split, count in counts.items():
             for layout_name in unseen if split == "valid_unseen" else seen:
                 for k in range(count):
-                    game = make_game(task_type, layout_name, split, k)
-                    path = out_dir / split / f"{game['name']}.json"
-                    atomic_write_text(path, json.dumps(game, indent=1, sort_keys=True) + "\n")
+                    path = out_dir / split / f"{task_type}-{layout_name}-{split}-{k}.json"
+                    if not (keep_existing and path.is_file()):
+                        game = make_game(task_type, layout_name, split, k)
+                        atomic_write_text(path, json.dumps(game, indent=1, sort_keys=True) + "\n")
                     written.append(path)
     return written
+
+
+def generated_collection(split: str, count: int) -> Path:
+    """A cache folder of ``count`` generated games per task type and layout of ``split`` (written on
+    first use, a few seconds per 10 games), to pass as ``make("ALFWorld-v0", data_dir=...)``."""
+    from twice_envs._cache import cache_dir
+
+    if split not in SPLIT_COUNTS or int(count) < 1:
+        raise ValueError(f"need a split of {tuple(SPLIT_COUNTS)} and a positive count, got {split!r}, {count!r}")
+    folder = cache_dir("alfworld", "generated", f"{split}-{int(count)}")
+    generate(folder, {split: int(count)}, keep_existing=True)
+    return folder
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -418,8 +438,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     parser = argparse.ArgumentParser(description="Generate the bundled ALFWorld games (verified by the engine).")
     parser.add_argument("--out", default=str(BUNDLED_DIR), help="output folder (default: the package's bundled/)")
+    parser.add_argument("--split", choices=tuple(SPLIT_COUNTS), default=None,
+                        help="write only this split (default: the bundled set of every split)")
+    parser.add_argument("--count", type=int, default=None, help="games per task type and layout (with --split)")
     args = parser.parse_args(argv)
-    paths = generate(Path(args.out))
+    if args.count is not None and (args.split is None or args.count < 1):
+        parser.error("--count needs --split and a positive number")
+    counts = None if args.split is None else {args.split: args.count or SPLIT_COUNTS[args.split]}
+    paths = generate(Path(args.out), counts)
     print(f"wrote {len(paths)} games under {args.out}")
     return 0
 
