@@ -248,6 +248,15 @@ def _plot(root: Path, env_id: str, cfg: GamesBenchConfig) -> None:
         print(f"(no plot: {exc})")
 
 
+def ordering(success: dict) -> str:
+    """Methods from best to worst success, ``=`` between equal figures (``twice > crr = grpo``)."""
+    order = sorted(success, key=lambda m: -success[m])
+    out = order[0]
+    for a, b in zip(order, order[1:]):
+        out += (" = " if abs(success[a] - success[b]) < 1e-12 else " > ") + b
+    return out
+
+
 def report(results: dict) -> str:
     """The results as text: a table per env, the ordering, and whether the intervals separate 5 points."""
     lines = []
@@ -263,11 +272,12 @@ def report(results: dict) -> str:
                          f"{x['episodes']:5d} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
                          f"{x['train_invalid_share']:13.3f}")
         if ms:
-            order = sorted(ms, key=lambda m: -ms[m]["success"])
-            lines.append("  ordering: " + " > ".join(order))
+            lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}))
             n = min(x["episodes"] for x in ms.values())
             p = float(np.mean([x["success"] for x in ms.values()]))
-            half = 1.96 * math.sqrt(2 * max(p * (1 - p), 1e-4) / max(n, 1))
+            # the same floor as episodes_for_difference: near 0 or 1 the normal approximation says too little
+            q = min(max(p, 0.05), 0.95)
+            half = 1.96 * math.sqrt(2 * q * (1 - q) / max(n, 1))
             need = episodes_for_difference(p)
             verdict = "can" if half <= 0.05 else "cannot"
             lines.append(f"  a 95% interval of a difference between two methods has half-width {half:.3f}: it "

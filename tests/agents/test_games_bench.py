@@ -80,3 +80,13 @@ def test_bench_games_smoke(tmp_path):
     text = gb.report(res)
     assert "ordering:" in text and "5-point difference" in text
     assert json.loads((tmp_path / "results.json").read_text())["envs"]["WebShop-v0"]["model"] == str(tiny_dir())
+
+
+def test_ordering_shows_ties_and_the_report_never_claims_power_it_lacks():
+    assert gb.ordering({"grpo": 0.2, "twice": 0.5, "crr": 0.2}) == "twice > grpo = crr"
+    ep = {"all": {"success": 0.0, "success_ci": [0.0, 0.3], "episodes": 8, "valid_share": 0.8}}
+    method = {"success": 0.0, "success_ci": [0.0, 0.3], "episodes": 8, "aux_tokens_per_update": 0,
+              "seconds_per_update": 1.0, "train_invalid_share": 0.1}
+    text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"grpo": method, "twice": method}}}})
+    # success 0 on 8 episodes says nothing about a 5-point difference
+    assert "cannot tell apart" in text and "grpo = twice" in text
