@@ -52,6 +52,10 @@ class TinyModelConfig:
     env_kwargs: dict = field(default_factory=dict)
     """Keyword arguments of ``twice_envs.make`` for the transcripts, by env id (``{"ALFWorld-v0":
     {"show_admissible": True}}``); a model is then used with the same kwargs."""
+    alfworld_games: int = 0
+    """ALFWorld training games per task type and room layout of the train split, written once into
+    the cache by the game generator (0: the 22 bundled train games). Held-out ``valid_unseen``
+    games are laid out in rooms the train split never uses, so they are never trained on."""
     agent_options: dict = field(default_factory=dict)
     """Keyword options of the scripted agents, by env id (``{"SearchQA-v0": {"quote": True}}``
     makes the SearchQA agent quote the sentences it reads its facts from)."""
@@ -131,9 +135,11 @@ RECIPES: dict[str, TinyModelConfig] = {
     ),
     "format": TinyModelConfig(),
     "alfworld": TinyModelConfig(
-        envs=("ALFWorld-v0",), episodes_per_env=48, episodes_by_env={}, skill_range=(0.5, 1.0), max_turns=10,
-        env_kwargs={"ALFWorld-v0": {"show_admissible": True}}, agent_options={"ALFWorld-v0": {"tagged": True}},
-        vocab_size=1024, max_len=1024, steps=120, batch_size=4, length_buckets=True, threads=1,
+        envs=("ALFWorld-v0",), episodes_per_env=600, episodes_by_env={}, skill_range=(0.6, 1.0), max_turns=12,
+        env_kwargs={"ALFWorld-v0": {"show_admissible": True}},
+        agent_options={"ALFWorld-v0": {"tagged": True, "handcoded": 0.3}}, alfworld_games=8,
+        vocab_size=512, num_kv_heads=4, max_len=1536, copy_steps=1500, copy_layers=2, steps=1000, batch_size=8,
+        length_buckets=True, threads=1,
     ),
     "webshop": TinyModelConfig(
         envs=("WebShop-v0",), episodes_per_env=96, episodes_by_env={}, skill_range=(0.4, 1.0), max_turns=6,
@@ -161,7 +167,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         t_env = time.time()
         eps = scripted_episodes(env_id, n_eps, seed=cfg.seed + k, skill_range=cfg.skill_range,
                                 max_turns=cfg.max_turns, agent_options=cfg.agent_options.get(env_id),
-                                env_kwargs=cfg.env_kwargs.get(env_id))
+                                env_kwargs=transcript_env_kwargs(cfg, env_id))
         log(f"{env_id}: {len(eps)} scripted episodes ({time.time() - t_env:.1f}s)")
         augment = scripted_agent(env_id, AUGMENTERS) if cfg.renamed_copies else None
         if augment is not None:
@@ -240,6 +246,18 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     publish_dir(tmp, final)
     log(f"saved to {final} ({time.time() - t0:.1f}s)")
     return final
+
+
+def transcript_env_kwargs(cfg: TinyModelConfig, env_id: str) -> dict:
+    """``make`` kwargs of the env whose scripted episodes a recipe trains on: ``cfg.env_kwargs``, and
+    for ALFWorld with ``cfg.alfworld_games`` a folder of that many generated training games per task
+    type and layout (generated into the cache on first use)."""
+    kwargs = dict(cfg.env_kwargs.get(env_id) or {})
+    if env_id.startswith("ALFWorld") and cfg.alfworld_games > 0 and "data_dir" not in kwargs:
+        from twice_envs.envs.alfworld.generator import generated_collection
+
+        kwargs["data_dir"] = str(generated_collection("train", cfg.alfworld_games))
+    return kwargs
 
 
 def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
@@ -322,7 +340,7 @@ def check_transcripts(config: "TinyModelConfig", episodes: int = 40) -> list:
         n = max(1, episodes * int(config.episodes_by_env.get(env_id, config.episodes_per_env)) // config.episodes_per_env)
         out += scripted_episodes(env_id, min(n, episodes), seed=CHECK_SEED + k, skill_range=config.skill_range,
                                  max_turns=config.max_turns, agent_options=config.agent_options.get(env_id),
-                                 env_kwargs=config.env_kwargs.get(env_id))
+                                 env_kwargs=transcript_env_kwargs(config, env_id))
     return out
 
 
