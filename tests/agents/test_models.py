@@ -120,6 +120,8 @@ def test_the_shipped_tiny_model_is_the_default_recipe_of_this_version():
 
     assert models.tiny_is_current(models.SHIPPED_TINY), "the shipped tiny model is missing or from another recipe"
     meta = json.loads((models.SHIPPED_TINY / "twice_model.json").read_text())
+    # a field added after the build is not in its record: the build had the field's default
+    meta["config"] = {**json.loads(json.dumps(asdict(models.TinyModelConfig()), default=list)), **meta["config"]}
     recipe = json.loads(json.dumps(asdict(models.RECIPES[models.DEFAULT_RECIPE]), default=list))
     # the thread count does not change the bytes (builds on one and two threads are identical)
     assert {k: v for k, v in meta["config"].items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
@@ -350,6 +352,36 @@ def test_copy_warm_up_teaches_a_small_model_to_copy():
     assert len(losses) < 1000 and np.mean(losses[-25:]) < 0.1  # stopped early, at the loss asked for
     assert copy_accuracy(model()) < 0.05  # chance is about 1/509
     assert copy_accuracy(trained) > 0.9
+
+
+def test_copy_warm_up_draws_its_runs_from_copy_vocab_ids(monkeypatch, tmp_path):
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(vocab_size, n, length, **kwargs):
+        seen.append(vocab_size)
+        raise Stop
+
+    monkeypatch.setattr(recipes, "copy_sequences", capture)
+    for copy_vocab in (0, 100):
+        with pytest.raises(Stop):
+            models.build_tiny(tmp_path / "m", replace(TEST_CONFIG, copy_steps=4, copy_vocab=copy_vocab), progress=False,
+                              recipe="test")
+    assert seen == [TEST_CONFIG.vocab_size, 100]  # 0: the whole vocabulary
+
+
+def test_the_shipped_webshop_model_is_its_recipe():
+    import json
+    from dataclasses import asdict
+
+    path = models.shipped_dir("webshop")
+    assert path is not None and models.tiny_is_current(path, "webshop")
+    meta = json.loads((path / "twice_model.json").read_text())
+    recipe = json.loads(json.dumps(asdict(models.RECIPES["webshop"]), default=list))
+    assert {k: v for k, v in meta["config"].items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
+    assert sum(f.stat().st_size for f in path.iterdir()) < 5e6  # small enough to ship
 
 
 def test_stacked_layers_start_out_computing_what_the_shallow_model_does():
