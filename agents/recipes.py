@@ -56,6 +56,9 @@ class TinyModelConfig:
     """ALFWorld training games per task type and room layout of the train split, written once into
     the cache by the game generator (0: the 22 bundled train games). Held-out ``valid_unseen``
     games are laid out in rooms the train split never uses, so they are never trained on."""
+    reset_options: dict = field(default_factory=dict)
+    """Options of every transcript reset, by env id (``{"WebShop-v0": {"split": "train"}}``): they pin
+    the tasks the transcripts draw to the training split, whatever the env kwargs' default split."""
     agent_options: dict = field(default_factory=dict)
     """Keyword options of the scripted agents, by env id (``{"SearchQA-v0": {"quote": True}}``
     makes the SearchQA agent quote the sentences it reads its facts from)."""
@@ -87,6 +90,10 @@ class TinyModelConfig:
     """Loss weight of the tokens the model does not generate (prompts, observations) relative to
     its turns (0: only the turns are scored). Predicting passages, where names recur, trains
     copying; at the default step budget it did not yet make the model copy names."""
+    end_turns: bool = False
+    """Score an EOS token at the end of every turn (:func:`sft_sequences`), so the model ends its turn
+    after the action: needed where the env's stop strings do not end an action (WebShop's
+    ``click[...]``); without it the model writes on to the token cap and the env reads the last action."""
     copy_steps: int = 0
     """Optimiser steps (at most: it stops once the loss is below 0.1) on synthetic copying before
     the transcripts: random token runs shown twice, scored on the repeat. Only copying lowers
@@ -94,6 +101,10 @@ class TinyModelConfig:
     current token, predict what followed it); on transcripts alone it had not after 700 steps."""
     copy_length: tuple[int, int] = (8, 32)
     """Length range of the random token runs of the copying steps."""
+    copy_vocab: int = 0
+    """Draw the copying runs from the first this many token ids only (0: the whole vocabulary).
+    Induction heads form far sooner over a small alphabet (with 512 ids, not with 2,048), and
+    once formed they copy the other tokens too."""
     copy_layers: int = 0
     """Run the copying warm-up on a model of this many layers (0: all ``num_layers``), then stack
     the remaining layers on top with zeroed output projections, so the full model starts out
@@ -125,6 +136,18 @@ class TinyModelConfig:
 #:   vocabulary. It copies names from the question into its queries and from the passages
 #:   into its answers: dev EM 0.06 greedy (single-hop 0.13), 0.03 at temperature 1; its
 #:   turns need about 128 new tokens.
+#: * ``webshop`` (the shipped ``tiny-webshop`` model): 14.4 minutes (866 s) on one core of a
+#:   shared, busy machine. 600 scripted shopper transcripts on training goals only (skill 0.5-1.0:
+#:   the expert action, else a random click; clicks written as the page shows them), a 2,048-token
+#:   vocabulary (the longest search turn is 40 tokens, under the 48-token turn cap), whole
+#:   episodes (1,536 tokens), every turn ended by a scored EOS (without it the model wrote on to the
+#:   cap and the env read the last garbled action), a copying warm-up over the first 512 ids on two
+#:   layers (over all 2,048 ids it had not formed after 1,500 steps; over 512 it did after 3,000),
+#:   observation tokens scored at weight 0.05, then 1,000 steps of 4 transcripts. Held-out
+#:   (``twice bench games --envs WebShop-v0 --eval-only --eval-samples 4``): success 0/400,
+#:   28% valid turns (furniture 28%, electronics 30%, fashion 26%, beauty 32%, grocery 27%).
+#:   It ends its turns and writes plausible searches and ``click[B0000...]`` ids, but does not
+#:   copy the id of a listed product yet (the ids share long prefixes), so its clicks are invalid.
 #: * ``format``: about 2.5 minutes. Learns the action format of the envs (95% valid
 #:   SearchQA turns) but not to copy names: SearchQA dev EM 0. The field defaults of
 #:   :class:`TinyModelConfig`; a base for small experiments.
@@ -142,8 +165,10 @@ RECIPES: dict[str, TinyModelConfig] = {
         length_buckets=True, threads=1,
     ),
     "webshop": TinyModelConfig(
-        envs=("WebShop-v0",), episodes_per_env=96, episodes_by_env={}, skill_range=(0.4, 1.0), max_turns=6,
-        vocab_size=1024, max_len=896, steps=120, batch_size=4, length_buckets=True, threads=1,
+        envs=("WebShop-v0",), episodes_per_env=600, episodes_by_env={}, skill_range=(0.5, 1.0), max_turns=6,
+        reset_options={"WebShop-v0": {"split": "train"}}, vocab_size=2048, num_kv_heads=4, max_len=1536,
+        context_loss_weight=0.05,
+        end_turns=True, copy_steps=4000, copy_vocab=512, copy_layers=2, steps=1000, batch_size=4, length_buckets=True, threads=1,
     ),
 }
 
@@ -167,7 +192,8 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         t_env = time.time()
         eps = scripted_episodes(env_id, n_eps, seed=cfg.seed + k, skill_range=cfg.skill_range,
                                 max_turns=cfg.max_turns, agent_options=cfg.agent_options.get(env_id),
-                                env_kwargs=transcript_env_kwargs(cfg, env_id))
+                                env_kwargs=transcript_env_kwargs(cfg, env_id),
+                                reset_options=cfg.reset_options.get(env_id))
         log(f"{env_id}: {len(eps)} scripted episodes ({time.time() - t_env:.1f}s)")
         augment = scripted_agent(env_id, AUGMENTERS) if cfg.renamed_copies else None
         if augment is not None:
@@ -188,7 +214,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     if cfg.tokenizer_corpus:
         texts += corpus_texts(envs)
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
-    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight)
+    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns)
     n_tok = sum(len(s) for s, _ in seqs)
     log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
 
@@ -217,7 +243,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     log(f"model: Llama, {n_params / 1e6:.2f}M parameters")
     try:
         if cfg.copy_steps:
-            copy_seqs = copy_sequences(len(tokenizer), 4 * cfg.copy_steps * cfg.batch_size, cfg.copy_length,
+            copy_seqs = copy_sequences(cfg.copy_vocab or len(tokenizer), 4 * cfg.copy_steps * cfg.batch_size, cfg.copy_length,
                                        first_id=len(SPECIAL_TOKENS), seed=cfg.seed)
             warm = model
             if 0 < cfg.copy_layers < cfg.num_layers:
@@ -340,7 +366,8 @@ def check_transcripts(config: "TinyModelConfig", episodes: int = 40) -> list:
         n = max(1, episodes * int(config.episodes_by_env.get(env_id, config.episodes_per_env)) // config.episodes_per_env)
         out += scripted_episodes(env_id, min(n, episodes), seed=CHECK_SEED + k, skill_range=config.skill_range,
                                  max_turns=config.max_turns, agent_options=config.agent_options.get(env_id),
-                                 env_kwargs=transcript_env_kwargs(config, env_id))
+                                 env_kwargs=transcript_env_kwargs(config, env_id),
+                                 reset_options=config.reset_options.get(env_id))
     return out
 
 
@@ -350,7 +377,8 @@ def model_quality(path: os.PathLike, config: "TinyModelConfig", *, episodes: int
     from twice_envs.agents.policy import HFPolicy
 
     policy = HFPolicy.from_pretrained(Path(path))
-    seqs = sft_sequences(policy.tokenizer, check_transcripts(config, episodes), config.max_len)
+    seqs = sft_sequences(policy.tokenizer, check_transcripts(config, episodes), config.max_len,
+                         end_turns=config.end_turns)
     loss = teacher_forced_loss(policy.model, seqs, pad_id=policy.tokenizer.pad_token_id)
     em = None
     if em_questions:

@@ -7,10 +7,17 @@ from typing import Callable, Iterator, Optional, Sequence
 import numpy as np
 
 
-def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0) -> list[tuple[list[int], list[float]]]:
+def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0,
+                  end_turns: bool = False) -> list[tuple[list[int], list[float]]]:
     """Training sequences of scripted episodes ``(first_obs, [(action, obs), ...])``: the tokens the
     rollout would feed the model, weighted 1 on the turns and ``context_weight`` elsewhere, cut to
-    ``max_len`` (sequences with nothing scored are dropped)."""
+    ``max_len`` (sequences with nothing scored are dropped).
+
+    With ``end_turns``, each turn ends with the tokenizer's EOS token, scored: the model learns to
+    end its turn after the action, for envs whose actions end with no stop string. The rollout
+    keeps the EOS that ended a turn among the turn's tokens, before the observation's tokens, so
+    the sequence is again exactly what the rollout feeds the model.
+    """
     from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 
     seqs = []
@@ -19,6 +26,8 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
         mask = [context_weight] * len(ids)
         for action, obs in turns:
             a = tokenizer.encode(action, add_special_tokens=False)
+            if end_turns:
+                a = a + [tokenizer.eos_token_id]
             ids += a
             mask += [1.0] * len(a)
             o = observation_ids(tokenizer, obs)

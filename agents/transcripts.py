@@ -49,9 +49,11 @@ def _admissible_agent(env, rng: np.random.Generator, skill: float) -> str:
 
 def scripted_episodes(env_id: str, n: int, *, seed: int = 0, skill_range=(0.2, 0.95), max_turns: int = 6,
                       agent: Optional[Callable] = None, agent_options: Optional[dict] = None,
-                      env_kwargs: Optional[dict] = None) -> list[tuple[str, list[tuple[str, str]]]]:
+                      env_kwargs: Optional[dict] = None, reset_options: Optional[dict] = None,
+                      ) -> list[tuple[str, list[tuple[str, str]]]]:
     """``n`` scripted episodes on ``env_id`` (made with ``env_kwargs``): ``(first_obs, [(action, obs), ...])``
-    each; ``agent_options`` are passed to the agent as keyword arguments."""
+    each; ``agent_options`` are passed to the agent as keyword arguments, ``reset_options`` to every
+    ``env.reset`` (``{"split": "train"}`` draws WebShop's training goals only)."""
     import twice_envs
 
     agent = agent or scripted_agent(env_id) or _admissible_agent
@@ -60,7 +62,7 @@ def scripted_episodes(env_id: str, n: int, *, seed: int = 0, skill_range=(0.2, 0
     env = twice_envs.make(env_id, **(env_kwargs or {}))
     for i in range(n):
         skill = float(rng.uniform(*skill_range))
-        obs, info = env.reset(seed=seed * 100_003 + i)
+        obs, info = env.reset(seed=seed * 100_003 + i, options=dict(reset_options) if reset_options else None)
         turns = []
         for _ in range(max_turns):
             action = agent(env, rng, skill, **(agent_options or {}))

@@ -120,6 +120,8 @@ def test_the_shipped_tiny_model_is_the_default_recipe_of_this_version():
 
     assert models.tiny_is_current(models.SHIPPED_TINY), "the shipped tiny model is missing or from another recipe"
     meta = json.loads((models.SHIPPED_TINY / "twice_model.json").read_text())
+    # a field added after the build is not in its record: the build had the field's default
+    meta["config"] = {**json.loads(json.dumps(asdict(models.TinyModelConfig()), default=list)), **meta["config"]}
     recipe = json.loads(json.dumps(asdict(models.RECIPES[models.DEFAULT_RECIPE]), default=list))
     # the thread count does not change the bytes (builds on one and two threads are identical)
     assert {k: v for k, v in meta["config"].items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
@@ -261,6 +263,61 @@ def test_load_episodes_names_the_bad_line(tmp_path):
         load_episodes(path)
 
 
+def test_sft_sequences_can_end_each_turn_with_a_scored_eos():
+    from twice_envs.agents.sft import sft_sequences
+
+    tok = tiny_policy().tokenizer
+    eos = tok.eos_token_id
+    eps = [("first", [("click[Buy Now]", "Thank you"), ("search[red shoes]", "Results")])]
+    (plain, w_plain), = sft_sequences(tok, eps, 10**4)
+    (ended, w_ended), = sft_sequences(tok, eps, 10**4, end_turns=True)
+    # what the rollout feeds the model when it ends its turns with EOS: the EOS stays among the
+    # turn's tokens, then come the observation's tokens (which open with the template's end of message)
+    actions = [tok.encode(a, add_special_tokens=False) for a, _ in eps[0][1]]
+    expect = initial_prompt_ids(tok, "first")
+    for a, (_, obs) in zip(actions, eps[0][1]):
+        expect += a + [eos] + observation_ids(tok, obs)
+    assert ended == expect
+    # the turns and their EOS are scored, nothing else
+    assert [t for t, w in zip(ended, w_ended) if w] == actions[0] + [eos] + actions[1] + [eos]
+    assert [t for t, w in zip(plain, w_plain) if w] == actions[0] + actions[1]
+
+
+def test_webshop_transcripts_draw_the_goals_of_their_reset_options(monkeypatch, tmp_path):
+    env = twice_envs.make("WebShop-v0")
+    goals = env.unwrapped.res.goals
+    splits = {}
+    for name in ("test", "train"):
+        for i in goals.split_range(name):
+            splits.setdefault(goals[i].instruction_text, set()).add(name)
+
+    def drawn(eps):
+        """The splits every episode's goal can be from (a few instructions occur in both)."""
+        return set.intersection(*(splits[first_obs.split(" [SEP] ")[2]] for first_obs, _ in eps))
+
+    # an env whose own split is test: its resets draw test goals unless the options say otherwise
+    kw = dict(seed=0, max_turns=1, env_kwargs={"split": "test"})
+    assert drawn(models.scripted_episodes("WebShop-v0", 30, **kw)) == {"test"}
+    assert drawn(models.scripted_episodes("WebShop-v0", 30, reset_options={"split": "train"}, **kw)) == {"train"}
+    # the webshop recipe trains on training goals only, whatever the env's split
+    cfg = models.RECIPES["webshop"]
+    assert cfg.reset_options == {"WebShop-v0": {"split": "train"}}
+    assert drawn(recipes.check_transcripts(replace(cfg, max_turns=1), episodes=20)) == {"train"}
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(env_id, n, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr(recipes, "scripted_episodes", capture)
+    with pytest.raises(Stop):
+        models.build_tiny(tmp_path / "ws", cfg, progress=False, recipe="webshop")
+    assert seen["reset_options"] == {"split": "train"}
+
+
 def test_copy_sequences_score_only_the_repeat():
     seqs = models.copy_sequences(100, 50, (4, 9), first_id=3, seed=1)
     for ids, weights in seqs:
@@ -295,6 +352,36 @@ def test_copy_warm_up_teaches_a_small_model_to_copy():
     assert len(losses) < 1000 and np.mean(losses[-25:]) < 0.1  # stopped early, at the loss asked for
     assert copy_accuracy(model()) < 0.05  # chance is about 1/509
     assert copy_accuracy(trained) > 0.9
+
+
+def test_copy_warm_up_draws_its_runs_from_copy_vocab_ids(monkeypatch, tmp_path):
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(vocab_size, n, length, **kwargs):
+        seen.append(vocab_size)
+        raise Stop
+
+    monkeypatch.setattr(recipes, "copy_sequences", capture)
+    for copy_vocab in (0, 100):
+        with pytest.raises(Stop):
+            models.build_tiny(tmp_path / "m", replace(TEST_CONFIG, copy_steps=4, copy_vocab=copy_vocab), progress=False,
+                              recipe="test")
+    assert seen == [TEST_CONFIG.vocab_size, 100]  # 0: the whole vocabulary
+
+
+def test_the_shipped_webshop_model_is_its_recipe():
+    import json
+    from dataclasses import asdict
+
+    path = models.shipped_dir("webshop")
+    assert path is not None and models.tiny_is_current(path, "webshop")
+    meta = json.loads((path / "twice_model.json").read_text())
+    recipe = json.loads(json.dumps(asdict(models.RECIPES["webshop"]), default=list))
+    assert {k: v for k, v in meta["config"].items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
+    assert sum(f.stat().st_size for f in path.iterdir()) < 5e6  # small enough to ship
 
 
 def test_stacked_layers_start_out_computing_what_the_shallow_model_does():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import twice_envs
-from twice_envs.envs.webshop.scripted import RandomAgent, ScriptedAgent, evaluate
+from twice_envs.envs.webshop.scripted import RandomAgent, ScriptedAgent, evaluate, scripted_turns
 
 
 def test_scripted_beats_random():
@@ -27,3 +29,25 @@ def test_scripted_agent_buys_the_named_options():
         done = term or trunc
     if info["reward_details"]["purchased"] == goal.asin:
         assert sorted(map(tuple, info["reward_details"]["options"])) == sorted(goal.goal_options)
+
+
+def test_clicks_are_written_as_the_page_shows_them():
+    """Product ids and buttons keep the page's case (a model can copy them), and the env accepts them."""
+    env = twice_envs.make("WebShop-v0")
+    rng = np.random.default_rng(0)
+    seen = []
+    for seed in range(4):
+        env.reset(seed=seed)
+        done = False
+        while not done:
+            page = env.trajectory.observations[-1]
+            action = scripted_turns(env, rng, skill=0.7)
+            _obs, _r, term, trunc, info = env.step(action)
+            assert not info.get("invalid"), (action, info.get("error"))
+            if action.startswith("click["):
+                element = action[6:-1]
+                seen.append(element)
+                assert element in page.split(" [SEP] "), (element, page)
+            done = term or trunc
+    assert any(e[:1] == "B" and e.isupper() for e in seen)  # a product id, as shown: B00000J0CW
+    assert "Buy Now" in seen

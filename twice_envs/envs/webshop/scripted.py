@@ -1,6 +1,9 @@
 """Reference agents for WebShop: a scripted shopper and a random one.
 
-Both read only what an agent sees (the observation and ``info``), never the goal.
+Both read only what an agent sees (the observation and ``info``), never the goal. Both write
+a click as the page shows the element (``click[B00000J0CW]``, ``click[Buy Now]``), not as
+``admissible_actions`` lists it (lower case): the env lower-cases arguments, and a model
+trained on these transcripts can then copy the element from the page.
 
 * :class:`ScriptedAgent`: search the instruction text; open the first result; click every
   option value that the instruction names (the longest first, so ``navy blue`` wins over
@@ -17,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from twice_envs.envs.webshop.pages import SEP
 
 
 def _clicks(info: dict) -> list[str]:
@@ -29,6 +33,14 @@ def _option_values(info: dict) -> list[str]:
     if "buy now" not in clicks:
         return []
     return clicks[clicks.index("buy now") + 1 :]
+
+
+def _click(obs: str, element: str) -> str:
+    """``click[element]`` with ``element`` written as the page shows it (its case), where the page shows it."""
+    for seg in obs.split(SEP):
+        if seg.lower() == element:
+            return f"click[{seg}]"
+    return f"click[{element}]"
 
 
 def _mentions(text: str, value: str) -> bool:
@@ -53,18 +65,18 @@ class ScriptedAgent:
         clicks = _clicks(info)
         if page == "results":
             products = [c for c in clicks if c not in ("back to search", "next >", "< prev")]
-            return f"click[{products[0]}]" if products else "click[back to search]"
+            return _click(obs, products[0] if products else "back to search")
         if page == "sub":
-            return "click[< prev]"
+            return _click(obs, "< prev")
         if page == "item":
             wanted = sorted((v for v in _option_values(info) if _mentions(instruction, v)), key=len, reverse=True)
             for v in wanted:
                 # a shorter value inside a chosen longer one ("blue" in "navy blue") is the same mention
                 if v not in self._chosen and not any(_mentions(c, v) for c in self._chosen):
                     self._chosen.append(v)
-                    return f"click[{v}]"
-            return "click[buy now]"
-        return "click[back to search]"
+                    return _click(obs, v)
+            return _click(obs, "buy now")
+        return _click(obs, "back to search")
 
 
 @dataclass
@@ -85,8 +97,8 @@ class RandomAgent:
             return f"search[{info.get('instruction', '').lower()}]"
         clicks = _clicks(info)
         if not clicks:
-            return "click[back to search]"
-        return f"click[{clicks[int(self.rng.integers(len(clicks)))]}]"
+            return _click(obs, "back to search")
+        return _click(obs, clicks[int(self.rng.integers(len(clicks)))])
 
 
 def evaluate(env, agent, seeds, options: Optional[dict] = None) -> dict:
