@@ -372,14 +372,15 @@ def test_copy_warm_up_draws_its_runs_from_copy_vocab_ids(monkeypatch, tmp_path):
     assert seen == [TEST_CONFIG.vocab_size, 100]  # 0: the whole vocabulary
 
 
-def test_the_shipped_webshop_model_is_its_recipe():
+@pytest.mark.parametrize("recipe_name", ["webshop", "alfworld"])
+def test_the_shipped_game_model_is_its_recipe(recipe_name):
     import json
     from dataclasses import asdict
 
-    path = models.shipped_dir("webshop")
-    assert path is not None and models.tiny_is_current(path, "webshop")
+    path = models.shipped_dir(recipe_name)
+    assert path is not None and models.tiny_is_current(path, recipe_name)
     meta = json.loads((path / "twice_model.json").read_text())
-    recipe = json.loads(json.dumps(asdict(models.RECIPES["webshop"]), default=list))
+    recipe = json.loads(json.dumps(asdict(models.RECIPES[recipe_name]), default=list))
     # a field added after the build counts as its default
     built = {**json.loads(json.dumps(asdict(models.TinyModelConfig()), default=list)), **meta["config"]}
     assert {k: v for k, v in built.items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
