@@ -233,6 +233,7 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "seconds_per_update": float(np.mean([r["time"] for r in rows])) if rows else 0.0,
         "train_invalid_share": bad / max(turns, 1),
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
+        "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
     }
 
 
@@ -263,14 +264,16 @@ def report(results: dict) -> str:
     for env_id, r in results["envs"].items():
         b = r["before"]["all"]
         lines.append(f"{env_id} (start model {r['model']}): before {b['success']:.3f} "
-                     f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, valid {b['valid_share']:.3f}")
+                     f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, valid {b['valid_share']:.3f}, "
+                     f"reward {b.get('mean_reward', float('nan')):.3f}")
         lines.append(f"  {'method':<7} {'after':>6} {'95% CI':>15} {'n':>5} {'aux tok/upd':>11} {'s/upd':>6} "
-                     f"{'train invalid':>13}")
+                     f"{'train invalid':>13} {'valid after':>11} {'reward after':>12}")
         ms = r["methods"]
         for m, x in ms.items():
+            reward = x.get("eval_mean_reward", float("nan"))
             lines.append(f"  {m:<7} {x['success']:6.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
                          f"{x['episodes']:5d} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
-                         f"{x['train_invalid_share']:13.3f}")
+                         f"{x['train_invalid_share']:13.3f} {x.get('eval_valid_share', float('nan')):11.3f} {reward:12.3f}")
         if ms:
             lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}))
             n = min(x["episodes"] for x in ms.values())

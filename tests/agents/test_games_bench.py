@@ -78,7 +78,8 @@ def test_bench_games_smoke(tmp_path):
     # GRPO and GiGPO run no auxiliary rollouts
     assert r["methods"]["grpo"]["aux_tokens_per_update"] == 0 == r["methods"]["gigpo"]["aux_tokens_per_update"]
     text = gb.report(res)
-    assert "ordering:" in text and "5-point difference" in text
+    assert "ordering:" in text and "5-point difference" in text and "valid after" in text
+    assert all(0.0 <= x["eval_mean_reward"] <= 1.0 for x in r["methods"].values())
     assert json.loads((tmp_path / "results.json").read_text())["envs"]["WebShop-v0"]["model"] == str(tiny_dir())
 
 
