@@ -309,7 +309,7 @@ def equal_token_comparisons(oracle, credit, aux, idx, threshold) -> list[dict]:
     twices = sorted((aux[n], n) for n in credit if n.startswith("twice J"))
     out = []
     for base in credit:
-        if not base.startswith(("crr", "vineppo", "grpo")):
+        if not base.startswith(("crr", "vineppo", "grpo", "gigpo")):
             continue
         within = [n for k, n in twices if k <= aux[base]] or [twices[0][1]]
         tw = within[-1]
