@@ -176,6 +176,22 @@ class CreditResult:
     predictor_state: Optional[predictor.PredictorState] = None
 
 
+def _run_planned_twins(run_twins_, policy, factual, plan, config: twice.TwiceConfig, sampling, rng, noise_seed: int,
+                       state: predictor.PredictorState):
+    """Run the twins of a branch plan and score them (shared by Twice and CRR): ``(twins, credit,
+    scale, stats, state)`` with the cost calibration and the twin scale tracked in ``state``."""
+    tw = run_twins_(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
+    credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
+    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
+    scale = twice.twin_scale([ep.utility for ep in factual], config, state.twin_rms)
+    stats = twice.twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
+    state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                     float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
+    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
+    stats["cost_scale"] = state.cost_scale
+    return tw, credit, scale, stats, state
+
+
 def credit_step(
     method: str,
     policy,
@@ -203,18 +219,11 @@ def credit_step(
         vals = run_values_(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
         return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
     state = predictor_state or predictor.PredictorState()
-    util = [ep.utility for ep in factual]
     if method == "crr":
         cfg = crr.crr_config(config)
         plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
-        tw = run_twins_(policy, factual, plan.branched_decisions, cfg, sampling, rng, noise_seed=noise_seed)
-        credit = twice.twin_credit(factual, tw.records, plan, tw.kept, cfg)
-        scale = twice.twin_scale(util, cfg, state.twin_rms)
-        stats = twice.twin_stats(credit, plan, tw.records, omega=cfg.omega, scale=scale)
-        state = predictor.calibrate_cost(state, tw.aux_tokens,
-                                         float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(cfg))
-        state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
-        stats["cost_scale"] = state.cost_scale
+        tw, credit, scale, stats, state = _run_planned_twins(run_twins_, policy, factual, plan, cfg, sampling, rng,
+                                                             noise_seed, state)
         return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)
     if method != "twice":
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -223,15 +232,8 @@ def credit_step(
     mixed = config.branching == "mixed"
     success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
     plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale, success=success)
-    tw = run_twins_(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
-    credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
-    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
-    scale = twice.twin_scale(util, config, state.twin_rms)
-    stats = twice.twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
-    state = predictor.calibrate_cost(state, tw.aux_tokens,
-                                     float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
-    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
-    stats["cost_scale"] = state.cost_scale
+    tw, credit, scale, stats, state = _run_planned_twins(run_twins_, policy, factual, plan, config, sampling, rng,
+                                                         noise_seed, state)
     # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
     rows, labels, weights = [], [], []
     for (r, u, v, e, kept) in credit.pairs:
