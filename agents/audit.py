@@ -50,8 +50,8 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import credit_stats as cs
-from twice_envs.agents.lab import row_stats, equal_token_comparisons, per_turn_table, write_breakdowns, write_method_table
 from twice_envs.agents.credit.gigpo import gigpo_credit
+from twice_envs.agents.lab import equal_token_comparisons, per_turn_table, row_stats, write_breakdowns, write_method_table
 from twice_envs.agents.twins import fresh_seed
 from twice_envs.trajectory import atomic_write_text
 

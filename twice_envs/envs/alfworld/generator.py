@@ -353,13 +353,18 @@ def _draw_task(task_type: str, layout: Layout, rng: np.random.Generator) -> tupl
     return params, placements
 
 
+def game_name(task_type: str, layout_name: str, split: str, k: int) -> str:
+    """The name (and file stem) of generated game ``k`` of a task type, room layout and split."""
+    return f"{task_type}-{layout_name}-{split}-{k}"
+
+
 def make_game(task_type: str, layout_name: str, split: str, k: int, engine_timeout_s: float = 30.0) -> dict:
     """One verified game (authored content only), deterministic in its arguments."""
     from twice_envs.envs.alfworld.engine import POOL, GameData
     from twice_envs.envs.alfworld.games import BUNDLED_FORMAT, alfworld_data_file, grammar_with_goal
 
     layout = LAYOUTS[layout_name]
-    name = f"{task_type}-{layout_name}-{split}-{k}"
+    name = game_name(task_type, layout_name, split, k)
     for attempt in range(20):
         rng = np.random.default_rng(_stable_seed(name, attempt))
         params, placements = _draw_task(task_type, layout, rng)
@@ -413,7 +418,7 @@ def generate(out_dir: Path, counts: Optional[dict] = None, *, keep_existing: boo
         for split, count in counts.items():
             for layout_name in unseen if split == "valid_unseen" else seen:
                 for k in range(count):
-                    path = out_dir / split / f"{task_type}-{layout_name}-{split}-{k}.json"
+                    path = out_dir / split / f"{game_name(task_type, layout_name, split, k)}.json"
                     if not (keep_existing and path.is_file()):
                         game = make_game(task_type, layout_name, split, k)
                         atomic_write_text(path, json.dumps(game, indent=1, sort_keys=True) + "\n")
