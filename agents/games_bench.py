@@ -39,6 +39,8 @@ class GameSetting:
     """Turn cap of an episode."""
     max_new_tokens: int = 32
     """Tokens per turn at most (an action is under 20 tokens)."""
+    window: Optional[int] = None
+    """Turns of history in the model's context (the window the model was trained with; None: all)."""
     heldout_games: int = 0
     """ALFWorld: generated ``valid_unseen`` games per task type and unseen room layout to evaluate on
     (0: the 8 bundled ones). More games narrow the intervals and make per-type figures less a
@@ -130,7 +132,7 @@ def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int]
     task_list, types, kwargs = heldout_tasks(env_id, tasks)
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=setting.max_new_tokens)
     eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
-                  noise_seed=noise_seed, max_turns=setting.max_turns)
+                  noise_seed=noise_seed, max_turns=setting.max_turns, window=setting.window)
     return summarize(env_id, eps, types, samples)
 
 
@@ -180,7 +182,7 @@ def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, ou
     s = cfg.setting(env_id)
     tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
-                    max_new_tokens=s.max_new_tokens, lr=cfg.lr, indexed_tasks=False, checkpoint_every=10**9,
+                    window=s.window, max_new_tokens=s.max_new_tokens, lr=cfg.lr, indexed_tasks=False, checkpoint_every=10**9,
                     out_dir=str(out))
     return replace(tc, twice=replace(tc.twice, beta=cfg.beta))
 

@@ -25,7 +25,7 @@ import torch
 
 from twice_envs.noise import sampling_logprobs
 
-from twice_envs.agents.sequence import pack_episode
+from twice_envs.agents.sequence import pack_segments
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -67,14 +67,15 @@ class PackedBatch:
 
 
 def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pad_id: int = 0) -> PackedBatch:
-    """Pack factual episodes and their per-turn advantages for the loss."""
+    """Pack factual episodes and their per-turn advantages for the loss: a row per sequence of
+    :func:`~twice_envs.agents.sequence.pack_segments` (one per episode unless it is windowed)."""
     rows = []
     for ep, adv in zip(episodes, advantages):
-        ids, mask, old, turn_of = pack_episode(ep)
         if len(adv) != len(ep.turns):
             raise ValueError(f"{len(adv)} advantages for an episode with {len(ep.turns)} turns")
-        a = [float(adv[t - (ep.twin_of[1] if ep.twin_of else 0)]) if t >= 0 else 0.0 for t in turn_of]
-        rows.append((ids, mask, old, a))
+        for ids, mask, old, turn_of in pack_segments(ep):
+            a = [float(adv[t - (ep.twin_of[1] if ep.twin_of else 0)]) if t >= 0 else 0.0 for t in turn_of]
+            rows.append((ids, mask, old, a))
     width = max(len(r[0]) for r in rows)
     B = len(rows)
     out = PackedBatch(

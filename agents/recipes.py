@@ -83,6 +83,11 @@ class TinyModelConfig:
     """MLP width."""
     max_len: int = 512
     """Training sequences are cut to this many tokens."""
+    window: Optional[int] = None
+    """Turns of history in each turn's context (the rollout's ``window``; None: whole episodes).
+    With a window, an episode becomes one training sequence per turn once turns drop out of
+    it, each after the context the rollout would show (:func:`sft_sequences`); the model is
+    then used with the same window."""
     embedding_std: float = 0.02
     """Initial standard deviation of the (tied) token embeddings (larger values give rarely seen
     tokens, such as names, larger logits)."""
@@ -229,7 +234,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     if cfg.tokenizer_corpus:
         texts += corpus_texts(envs)
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
-    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns)
+    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window)
     n_tok = sum(len(s) for s, _ in seqs)
     log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
 
@@ -393,7 +398,7 @@ def model_quality(path: os.PathLike, config: "TinyModelConfig", *, episodes: int
 
     policy = HFPolicy.from_pretrained(Path(path))
     seqs = sft_sequences(policy.tokenizer, check_transcripts(config, episodes), config.max_len,
-                         end_turns=config.end_turns)
+                         end_turns=config.end_turns, window=config.window)
     loss = teacher_forced_loss(policy.model, seqs, pad_id=policy.tokenizer.pad_token_id)
     em = None
     if em_questions:

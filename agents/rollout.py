@@ -10,7 +10,9 @@ answered) and :func:`finish_twins` (the continuations), so that an evidence coin
 be drawn between them.
 
 Each episode's context is kept as token ids (never re-tokenised), so a record's
-``prompt_ids`` and turns rebuild exactly what the model saw (:func:`pack_episode`).
+``prompt_ids`` and turns rebuild exactly what the model saw (:func:`pack_episode`). With a
+history ``window`` the model sees the first prompt and the last ``window`` turns only
+(:func:`~twice_envs.agents.sequence.turn_context`), and so do the episode's twins.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 import twice_envs
 from twice_envs.agents.credit.twice import same_evidence
 from twice_envs.agents.policy import Generation, GenerationRequest, SamplingConfig
-from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
+from twice_envs.agents.sequence import check_window, initial_prompt_ids, observation_ids, turn_context, twin_prefix
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule, seed_sequence_uint64
 
@@ -131,11 +133,19 @@ def _apply(policy, live: _Live, gen: Generation, key: NoiseKey) -> bool:
             invalid=bool(info.get("invalid", False)),
         )
     )
-    live.context += list(gen.token_ids) + obs_ids
-    live.token_counter += len(gen.token_ids)
+    _advance(live, gen.token_ids, obs_ids)
     if over:
         _finish(live, info, terminated, truncated)
     return over
+
+
+def _advance(live: _Live, token_ids, obs_ids) -> None:
+    """The context after the turn just recorded."""
+    if live.record.window is None:
+        live.context += list(token_ids) + list(obs_ids)
+    else:
+        live.context = turn_context(live.record, len(live.record.turns))
+    live.token_counter += len(token_ids)
 
 
 def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int) -> None:
@@ -165,14 +175,17 @@ def _make_env(env_id: str, env_kwargs: Optional[dict]):
 
 def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, sampling: SamplingConfig,
             env_kwargs: Optional[dict] = None, noise_seed: int = 0, max_turns: Optional[int] = None,
-            system: Optional[str] = None, batch_size: int = 64) -> list[EpisodeRecord]:
+            system: Optional[str] = None, batch_size: int = 64, window: Optional[int] = None) -> list[EpisodeRecord]:
     """Run ``group_size`` episodes of every task; returns the records in group order.
 
     Episode ``j`` of group ``g`` gets the episode seed :func:`episode_noise_seed`
     ``(noise_seed, g, j)``, passed as the reset option ``noise_seed``; its record has
     ``group = g``. ``max_turns`` caps the turns (the env's own limit applies too).
     Generation is batched across all live episodes (``batch_size`` rows per call).
+    ``window``: turns of history in the model's context (None: the whole episode); the
+    first prompt, which holds the task, is always kept.
     """
+    window = check_window(window)
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
     live: list[_Live] = []
@@ -189,19 +202,15 @@ def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, samp
                 cap = min(cap, int(max_turns))
             prompt = initial_prompt_ids(policy.tokenizer, obs, system)
             rec = EpisodeRecord(env_id=env.unwrapped.env_id, seed=int(task.seed), options=dict(task.options), group=g,
-                                prompt_ids=list(prompt))
+                                prompt_ids=list(prompt), window=window)
             live.append(_Live(env, rec, list(prompt), cap, 0, tuple(env.unwrapped.protocol().stop)))
     _run(policy, live, sampling, batch_size)
     return [x.record for x in live]
 
 
 def _factual_context(ep: EpisodeRecord, turn: int) -> tuple[list[int], int]:
-    ctx = list(ep.prompt_ids)
-    n = 0
-    for t in ep.turns[:turn]:
-        ctx += list(t.token_ids) + list(t.obs_token_ids)
-        n += len(t.token_ids)
-    return ctx, n
+    """The context before ``turn`` and the tokens generated before it."""
+    return turn_context(ep, turn), sum(len(t.token_ids) for t in ep.turns[:turn])
 
 
 @torch.no_grad()
@@ -293,8 +302,10 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
     out: list[TwinStart] = []
     for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
         alt = alternatives[i]
-        rec = EpisodeRecord(env_id=ep.env_id, seed=ep.seed, options=dict(ep.options), group=ep.group, prompt_ids=ctx,
-                            twin_of=(r.episode, r.turn), branch=r.branch, coupled=r.coupled)
+        prompt, history = twin_prefix(ep, r.turn)
+        rec = EpisodeRecord(env_id=ep.env_id, seed=ep.seed, options=dict(ep.options), group=ep.group, prompt_ids=prompt,
+                            twin_of=(r.episode, r.turn), branch=r.branch, coupled=r.coupled, window=ep.window,
+                            history=history)
         cap = int(ep.info.get("turn_cap", len(ep.turns) if ep.truncated else 10**9))
         fact = ep.turns[r.turn]
         # the same tokens are the same sample; equal text from other tokens is not
@@ -321,8 +332,7 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
         rec.turns.append(TurnRecord(list(alt.token_ids), [float(v) for v in alt.logprobs], alt.text, key, obs, obs_ids,
                                     float(reward), info.get("digest", ""), float(alt.entropy),
                                     bool(info.get("invalid", False))))
-        x.context += list(alt.token_ids) + obs_ids
-        x.token_counter += len(alt.token_ids)
+        _advance(x, alt.token_ids, obs_ids)
         if over:
             _finish(x, info, terminated, truncated)
             out.append(TwinStart(rec))

@@ -8,7 +8,7 @@ import numpy as np
 
 
 def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0,
-                  end_turns: bool = False) -> list[tuple[list[int], list[float]]]:
+                  end_turns: bool = False, window: Optional[int] = None) -> list[tuple[list[int], list[float]]]:
     """Training sequences of scripted episodes ``(first_obs, [(action, obs), ...])``: the tokens the
     rollout would feed the model, weighted 1 on the turns and ``context_weight`` elsewhere, cut to
     ``max_len`` (sequences with nothing scored are dropped).
@@ -17,9 +17,15 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
     end its turn after the action, for envs whose actions end with no stop string. The rollout
     keeps the EOS that ended a turn among the turn's tokens, before the observation's tokens, so
     the sequence is again exactly what the rollout feeds the model.
+
+    With a history ``window``, the sequences are those of a rollout with that window
+    (:func:`~twice_envs.agents.sequence.text_sequences`): once turns drop out of the window,
+    one sequence per turn, each after its own context.
     """
     from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 
+    if window is not None:
+        return _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window)
     seqs = []
     for first_obs, turns in episodes:
         ids = list(initial_prompt_ids(tokenizer, first_obs))
@@ -36,6 +42,25 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
         ids, mask = ids[:max_len], mask[:max_len]
         if any(mask):
             seqs.append((ids, mask))
+    return seqs
+
+
+def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window):
+    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids, text_sequences
+
+    seqs = []
+    for first_obs, turns in episodes:
+        blocks = []
+        for action, obs in turns:
+            a = tokenizer.encode(action, add_special_tokens=False)
+            blocks.append((a + [tokenizer.eos_token_id] if end_turns else a, observation_ids(tokenizer, obs)))
+        for ids, spans in text_sequences(initial_prompt_ids(tokenizer, first_obs), blocks, window):
+            weights = [context_weight] * len(ids)
+            for start, end in spans:
+                weights[start:end] = [1.0] * (end - start)
+            ids, weights = ids[:max_len], weights[:max_len]
+            if any(weights):
+                seqs.append((ids, weights))
     return seqs
 
 

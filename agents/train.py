@@ -76,6 +76,9 @@ class TrainConfig:
     """Episodes per task (G; published: 5)."""
     max_turns: Optional[int] = 4
     """Turn cap per episode (None: the env's own limit; SearchQA caps searches at 4 itself)."""
+    window: Optional[int] = None
+    """Turns of history in the model's context (None: the whole episode; the first prompt,
+    which holds the task, is always kept). Use the window the model was trained with."""
     max_new_tokens: int = 128
     """Tokens per turn at most (published: 500; the tiny model's quoted reasoning takes up to about 110)."""
     temperature: float = 1.0
@@ -335,7 +338,7 @@ def evaluate(policy, config: TrainConfig, *, questions: Optional[int] = None, sp
     n = min(n, size) if size else n
     tasks = make_tasks(range(n), split, size is not None)
     eps = rollout(policy, config.env, tasks, group_size=1, sampling=sampling_config(config, greedy=True),
-                  env_kwargs=config.env_kwargs, noise_seed=12345, max_turns=config.max_turns)
+                  env_kwargs=config.env_kwargs, noise_seed=12345, max_turns=config.max_turns, window=config.window)
     return summarize_eval(eps)
 
 
@@ -371,12 +374,13 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     import torch
 
     from twice_envs.agents.loss import LossConfig, pack, ppo_loss, token_logprobs
+    from twice_envs.agents.sequence import pack_segments
 
     lcfg = LossConfig(config.clip_eps, config.kl_coef, config.temperature, config.top_p)
     model = state.policy.model
     pad = getattr(state.policy, "pad_id", 0)
     # minibatches of similar lengths waste little padding (random order within a length)
-    lengths = [len(e.prompt_ids) + sum(len(t.token_ids) + len(t.obs_token_ids) for t in e.turns) for e in episodes]
+    lengths = [sum(len(seg[0]) for seg in pack_segments(e)) for e in episodes]
     order = np.lexsort((state.rng.random(len(episodes)), lengths))
     chunks = [c for c in np.array_split(order, max(1, min(config.minibatches, len(episodes)))) if len(c)]
     agg = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
@@ -422,7 +426,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     noise_seed = int(state.rng.integers(0, 2**62))
     episodes = rollout(state.policy, config.env, make_tasks(idx, config.train_split, indexed),
                        group_size=config.group_size, sampling=sampling, env_kwargs=config.env_kwargs,
-                       noise_seed=noise_seed, max_turns=config.max_turns)
+                       noise_seed=noise_seed, max_turns=config.max_turns, window=config.window)
     t1 = time.perf_counter()
     credit = method_credit(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
                            update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k)
@@ -589,6 +593,8 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--beta", type=float, default=None, help="auxiliary budget (Twice/CRR)")
     p.add_argument("--max-new-tokens", type=int, default=None)
+    p.add_argument("--max-turns", type=int, default=None, help="turn cap per episode")
+    p.add_argument("--window", type=int, default=None, help="turns of history in the context (default: all)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory (default runs/METHOD)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
@@ -603,7 +609,8 @@ def train_main(argv: Sequence[str]) -> int:
                             "seed": a.seed, "env_kwargs": json.loads(a.env_kwargs),
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
-                      ("lr", "lr"), ("max_new_tokens", "max_new_tokens"), ("eval_every", "eval_every")):
+                      ("lr", "lr"), ("max_new_tokens", "max_new_tokens"), ("eval_every", "eval_every"),
+                      ("max_turns", "max_turns"), ("window", "window")):
         if getattr(a, name) is not None:
             over[key] = getattr(a, name)
     cfg = replace(base, **over)

@@ -76,6 +76,12 @@ class EpisodeRecord:
             of the factual turn on fresh downstream noise shared with the twin.
         pair_utility: for a twin with ``pair >= 1``, the utility ``U_j`` of its pair's
             factual side (None: the factual episode's ``utility``).
+        window: the history window the episode was generated with: before each turn the
+            model saw ``prompt_ids`` and the last ``window`` turns with their observations
+            (:func:`~twice_envs.agents.sequence.turn_context`); None: the whole episode.
+        history: for a twin of a windowed episode, the factual turns before the branch
+            that its window can still see (its ``prompt_ids`` are then the factual first
+            prompt); empty otherwise.
     """
 
     env_id: str
@@ -96,6 +102,8 @@ class EpisodeRecord:
     same_evidence: bool = False
     pair: int = 0
     pair_utility: Optional[float] = None
+    window: Optional[int] = None
+    history: list[TurnRecord] = field(default_factory=list)
 
     @property
     def num_generated_tokens(self) -> int:
@@ -107,18 +115,24 @@ class EpisodeRecord:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for t in d["turns"]:
+        for t in d["turns"] + d["history"]:
             t["noise_key"] = list(t["noise_key"])
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "EpisodeRecord":
         d = dict(d)
-        turns = []
-        for t in d.pop("turns", []):
-            t = dict(t)
-            t["noise_key"] = NoiseKey.from_json(t["noise_key"])
-            turns.append(TurnRecord(**t))
+
+        def turns_of(rows) -> list[TurnRecord]:
+            out = []
+            for t in rows:
+                t = dict(t)
+                t["noise_key"] = NoiseKey.from_json(t["noise_key"])
+                out.append(TurnRecord(**t))
+            return out
+
+        turns = turns_of(d.pop("turns", []))
+        history = turns_of(d.pop("history", []))
         if d.get("twin_of") is not None:
             d["twin_of"] = tuple(d["twin_of"])
-        return cls(turns=turns, **d)
+        return cls(turns=turns, history=history, **d)
