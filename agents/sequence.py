@@ -110,16 +110,25 @@ def _kept(earlier: list, window: Optional[int]) -> list:
     return earlier[len(earlier) - window:] if 0 < window < len(earlier) else (earlier if window else [])
 
 
+def _blocks(turns: Sequence[TurnRecord]) -> list[tuple[list[int], list[int]]]:
+    return [(list(t.token_ids), list(t.obs_token_ids)) for t in turns]
+
+
+def _context(prompt_ids: Sequence[int], earlier: Sequence[tuple[list[int], list[int]]], window: Optional[int]) -> list[int]:
+    """``prompt_ids`` followed by the ``(turn_ids, obs_ids)`` blocks of the earlier turns that the window keeps."""
+    ids = list(prompt_ids)
+    for turn_ids, obs_ids in _kept(list(earlier), window):
+        ids += list(turn_ids) + list(obs_ids)
+    return ids
+
+
 def turn_context(ep: EpisodeRecord, k: int) -> list[int]:
     """The token ids the model saw before ``ep.turns[k]`` (``k = len(ep.turns)``: before the next turn).
 
     ``prompt_ids`` followed by the earlier turns (``ep.history`` then ``ep.turns[:k]``), each
     with its observation; with ``ep.window = w`` only the last ``w`` of them.
     """
-    ids = list(ep.prompt_ids)
-    for t in _kept(list(ep.history) + list(ep.turns[:k]), ep.window):
-        ids += list(t.token_ids) + list(t.obs_token_ids)
-    return ids
+    return _context(ep.prompt_ids, _blocks(list(ep.history) + list(ep.turns[:k])), ep.window)
 
 
 def twin_prefix(ep: EpisodeRecord, turn: int) -> tuple[list[int], list[TurnRecord]]:
@@ -157,20 +166,35 @@ def pack_segments(ep: EpisodeRecord) -> list[tuple[list[int], list[int], list[fl
     if ep.window is None:
         return [pack_episode(ep)]
     first = ep.twin_of[1] if ep.twin_of is not None else 0
+    for k, t in enumerate(ep.turns):
+        if len(t.logprobs) != len(t.token_ids):
+            raise ValueError(f"turn {k}: {len(t.token_ids)} tokens but {len(t.logprobs)} log-probs")
     out = []
-    for a, b in segments(len(ep.history), len(ep.turns), ep.window):
-        ids = turn_context(ep, a)
+    for ids, spans, a in _sequences(ep.prompt_ids, _blocks(ep.history), _blocks(ep.turns), ep.window):
         mask, old, turn_of = [0] * len(ids), [0.0] * len(ids), [-1] * len(ids)
-        for k in range(a, b):
-            t = ep.turns[k]
-            if len(t.logprobs) != len(t.token_ids):
-                raise ValueError(f"turn {k}: {len(t.token_ids)} tokens but {len(t.logprobs)} log-probs")
-            obs = list(t.obs_token_ids) if k < b - 1 else []
-            ids += list(t.token_ids) + obs
-            mask += [1] * len(t.token_ids) + [0] * len(obs)
-            old += [float(x) for x in t.logprobs] + [0.0] * len(obs)
-            turn_of += [first + k] * len(t.token_ids) + [-1] * len(obs)
+        for j, (start, end) in enumerate(spans):
+            mask[start:end] = [1] * (end - start)
+            old[start:end] = [float(x) for x in ep.turns[a + j].logprobs]
+            turn_of[start:end] = [first + a + j] * (end - start)
         out.append((ids, mask, old, turn_of))
+    return out
+
+
+def _sequences(prompt_ids: Sequence[int], history: Sequence[tuple[list[int], list[int]]],
+               turns: Sequence[tuple[list[int], list[int]]], window: Optional[int]
+               ) -> list[tuple[list[int], list[tuple[int, int]], int]]:
+    """``(input_ids, [(start, end) of each turn's tokens], first turn)`` per sequence of
+    :func:`segments`; ``history`` and ``turns`` are ``(turn_ids, obs_ids)`` blocks. A sequence is its
+    first turn's context, then its turns with the observations between them."""
+    out = []
+    for a, b in segments(len(history), len(turns), window):
+        ids = _context(prompt_ids, list(history) + list(turns[:a]), window)
+        spans = []
+        for k in range(a, b):
+            turn_ids, obs_ids = turns[k]
+            spans.append((len(ids), len(ids) + len(turn_ids)))
+            ids += list(turn_ids) + (list(obs_ids) if k < b - 1 else [])
+        out.append((ids, spans, a))
     return out
 
 
@@ -178,16 +202,5 @@ def text_sequences(prompt_ids: Sequence[int], blocks: Sequence[tuple[list[int], 
                    window: Optional[int]) -> list[tuple[list[int], list[tuple[int, int]]]]:
     """Sequences of a text episode (scripted transcripts) with the rollout's contexts:
     ``blocks`` are ``(turn_ids, obs_ids)``; returns ``(input_ids, [(start, end) of each turn's
-    tokens])`` per sequence of :func:`segments`."""
-    out = []
-    for a, b in segments(0, len(blocks), window):
-        ids = list(prompt_ids)
-        for turn_ids, obs_ids in _kept(list(blocks[:a]), window):
-            ids += list(turn_ids) + list(obs_ids)
-        spans = []
-        for k in range(a, b):
-            turn_ids, obs_ids = blocks[k]
-            spans.append((len(ids), len(ids) + len(turn_ids)))
-            ids += list(turn_ids) + (list(obs_ids) if k < b - 1 else [])
-        out.append((ids, spans))
-    return out
+    tokens])`` per sequence of :func:`segments`, as :func:`pack_segments` packs a rollout."""
+    return [(ids, spans) for ids, spans, _a in _sequences(prompt_ids, [], blocks, window)]
