@@ -28,6 +28,8 @@ key=$({ requirement_lines; printf '%s\n' "${REQUIREMENTS[@]}"; "$PYTHON" -V; } |
 
 exec 9>"$root/integrations.lock"
 flock 9  # two runs never build the same venv at once
+# installing the checkout (also non-editable, when the venv is created) leaves setuptools' scratch folder
+had_build=$([[ -d build ]] && echo 1 || echo 0)
 if [[ ! -f "$venv/.requirements-$key" ]]; then
     echo "integrations venv: creating $venv (requirements $key)"
     rm -rf "$venv"
@@ -37,7 +39,6 @@ if [[ ! -f "$venv/.requirements-$key" ]]; then
 else
     echo "integrations venv: reusing $venv (requirements $key)"
 fi
-had_build=$([[ -d build ]] && echo 1 || echo 0)
 "$venv/bin/pip" install -q --no-deps -e . >/dev/null
 [[ $had_build == 1 ]] || rm -rf build  # setuptools' scratch folder, not part of the checkout
 flock -u 9
