@@ -23,6 +23,7 @@ SCRIPTED_AGENTS: dict[str, str] = {
 #: ``f(env, episodes, copies, rng) -> episodes`` (``copies`` altered variants of each episode).
 AUGMENTERS: dict[str, str] = {
     "SearchQA-v0": "twice_envs.envs.searchqa.scripted:renamed_copies",
+    "ALFWorld-v0": "twice_envs.envs.alfworld.scripted:renumbered_copies",
 }
 
 

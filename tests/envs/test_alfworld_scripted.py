@@ -70,3 +70,43 @@ def test_a_share_of_episodes_follows_the_handcoded_expert():
     env.reset(seed=2)
     assert scripted_turns(env, np.random.default_rng(0), skill=1.0, handcoded=1.0) == "look"
     assert scripted_turns(env, np.random.default_rng(0), skill=1.0, handcoded=0.0).startswith("go to ")
+
+
+def test_renumbered_copies_permute_instance_numbers_consistently_and_keep_the_play_right():
+    import re
+
+    from twice_envs.agents.transcripts import AUGMENTERS, scripted_agent, scripted_episodes
+    from twice_envs.envs.alfworld.scripted import renumbered_copies
+
+    assert scripted_agent("ALFWorld-v0", AUGMENTERS) is renumbered_copies
+    episodes = scripted_episodes("ALFWorld-v0", 3, seed=2, skill_range=(0.7, 1.0), max_turns=6,
+                                 agent_options={"tagged": True}, env_kwargs={"show_admissible": True})
+    copies = renumbered_copies(None, episodes, 2, np.random.default_rng(5))
+    assert len(copies) == 2 * len(episodes)
+    entity = re.compile(r"\b([a-z]+) (\d+)\b")
+    changed = 0
+    for k, (first, turns) in enumerate(copies):
+        orig_first, orig_turns = episodes[k // 2]
+        orig_texts = [orig_first] + [t for pair in orig_turns for t in pair]
+        new_texts = [first] + [t for pair in turns for t in pair]
+        # only the numbers change, one to one and the same way in every text of the episode
+        mapping = {}
+        for old, new in zip(orig_texts, new_texts):
+            assert entity.sub(r"\1 #", old).split("Admissible")[0] == entity.sub(r"\1 #", new).split("Admissible")[0]
+            old_e, new_e = entity.findall(old.split("Admissible")[0]), entity.findall(new.split("Admissible")[0])
+            for (name, a), (name2, b) in zip(old_e, new_e):
+                assert name == name2
+                assert mapping.setdefault((name, a), b) == b
+        per_name: dict = {}
+        for (name, _a), b in mapping.items():
+            per_name.setdefault(name, []).append(b)
+        assert all(len(set(v)) == len(v) for v in per_name.values())
+        changed += any(a != b for (_n, a), b in mapping.items())
+        # every action is still admissible where it was, and the lists are sorted again
+        obs = [first] + [o for _a, o in turns]
+        for (action, _o), before in zip(turns, obs):
+            listed = before.split("Admissible actions: ")[1].rstrip(".").split(", ")
+            assert listed == sorted(listed)
+            command = action.removeprefix("<action>").removesuffix("</action>")
+            assert command in listed
+    assert changed >= len(copies) - 1

@@ -11,6 +11,9 @@ as a model imitating it should write it.
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import numpy as np
 
 from twice_envs.envs.alfworld.expert import ALFWorldExpert, HandcodedExpert, as_turn
@@ -46,3 +49,41 @@ def _command(env, rng: np.random.Generator, skill: float, kind: str = "planner")
         return _expert(kind).act(env)
     except Exception:  # planner timeout, no plan, or the hand-coded expert gave up: a random command
         return str(actions[int(rng.integers(len(actions)))]) if actions else "look"
+
+
+#: An entity as ALFWorld writes it: a lowercase name and its instance number ("cabinet 3").
+_ENTITY = re.compile(r"\b([a-z]+) (\d+)\b")
+_ADMISSIBLE = re.compile(r"(Admissible actions: )(.*)\.$", re.S)
+
+
+def renumbered_copies(env: Any, episodes: list, copies: int, rng: np.random.Generator, extra: int = 3) -> list:
+    """``copies`` variants of each scripted episode ``(first_obs, [(action, obs), ...])`` in which the
+    instance numbers of the receptacles and objects are permuted: within an episode, each name's
+    numbers map one to one onto numbers drawn from 1 to its largest number plus ``extra``
+    ("cabinet 1, 2, 3" may become "cabinet 5, 1, 4"), and admissible-command lists are sorted again.
+
+    The play stays right (a renumbered room is a room the engine could have written), but a
+    room's receptacles no longer carry the same names in every transcript: a model trained on
+    them must copy the names from the observation instead of recalling those of the training rooms.
+    """
+    del env
+    out = []
+    for first_obs, turns in episodes:
+        texts = [first_obs] + [t for pair in turns for t in pair]
+        numbers: dict[str, set] = {}
+        for text in texts:
+            for name, num in _ENTITY.findall(text):
+                numbers.setdefault(name, set()).add(int(num))
+        for _ in range(copies):
+            table = {}
+            for name in sorted(numbers):
+                used = sorted(numbers[name])
+                drawn = rng.choice(np.arange(1, used[-1] + extra + 1), size=len(used), replace=False)
+                table.update({(name, n): int(m) for n, m in zip(used, drawn)})
+
+            def rename(text: str) -> str:
+                text = _ENTITY.sub(lambda m: f"{m[1]} {table[(m[1], int(m[2]))]}", text)
+                return _ADMISSIBLE.sub(lambda m: m[1] + ", ".join(sorted(m[2].split(", "))) + ".", text)
+
+            out.append((rename(first_obs), [(rename(a), rename(o)) for a, o in turns]))
+    return out
