@@ -7,6 +7,9 @@ object is) or, in a share ``handcoded`` of the episodes, ALFWorld's hand-coded e
 (which searches receptacles one by one, as an agent that sees only the text must). With
 ``tagged=True`` the command is written in the env's turn format (``<action>...</action>``),
 as a model imitating it should write it.
+
+``renumbered_copies`` (the transcript augmenter of ``twice models build-tiny``) writes copies
+of such episodes with the instance numbers of receptacles and objects permuted.
 """
 
 from __future__ import annotations
@@ -62,9 +65,10 @@ def renumbered_copies(env: Any, episodes: list, copies: int, rng: np.random.Gene
     numbers map one to one onto numbers drawn from 1 to its largest number plus ``extra``
     ("cabinet 1, 2, 3" may become "cabinet 5, 1, 4"), and admissible-command lists are sorted again.
 
-    The play stays right (a renumbered room is a room the engine could have written), but a
+    The play stays right (each command still names what it named, under its new number), but a
     room's receptacles no longer carry the same names in every transcript: a model trained on
-    them must copy the names from the observation instead of recalling those of the training rooms.
+    them must copy the names from the observation instead of recalling those of the training
+    rooms. (The engine numbers a room's instances from 1; the copies do not, on purpose.)
     """
     del env
     out = []
