@@ -62,6 +62,11 @@ class TinyModelConfig:
     agent_options: dict = field(default_factory=dict)
     """Keyword options of the scripted agents, by env id (``{"SearchQA-v0": {"quote": True}}``
     makes the SearchQA agent quote the sentences it reads its facts from)."""
+    mistake_weight: float = 1.0
+    """Loss weight of the scripted agents' deliberate mistakes (turns marked
+    :class:`~twice_envs.envs.mistakes.Mistake`; 1: imitated like every turn). With 0 the mistakes
+    and what follows them stay in the transcripts, so the model learns to recover from states a
+    mistake leads to, without learning to make them; its sampled turns still vary."""
     renamed_copies: int = 0
     """Extra variants of each transcript with its names permuted, for envs with an augmenter:
     SearchQA's invented names (they then keep no facts across transcripts) and ALFWorld's
@@ -239,7 +244,8 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     if cfg.tokenizer_corpus:
         texts += corpus_texts(envs)
     tokenizer = train_tokenizer(texts, cfg.vocab_size)
-    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window)
+    seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window,
+                         cfg.mistake_weight)
     n_tok = sum(len(s) for s, _ in seqs)
     log(f"tokenizer: {len(tokenizer)} tokens; {len(seqs)} sequences, {n_tok} tokens ({time.time() - t0:.1f}s)")
 

@@ -8,7 +8,8 @@ import numpy as np
 
 
 def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0,
-                  end_turns: bool = False, window: Optional[int] = None) -> list[tuple[list[int], list[float]]]:
+                  end_turns: bool = False, window: Optional[int] = None,
+                  mistake_weight: float = 1.0) -> list[tuple[list[int], list[float]]]:
     """Training sequences of scripted episodes ``(first_obs, [(action, obs), ...])``: the tokens the
     rollout would feed the model, weighted 1 on the turns and ``context_weight`` elsewhere, cut to
     ``max_len`` (sequences with nothing scored are dropped).
@@ -21,11 +22,19 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
     With a history ``window``, the sequences are those of a rollout with that window
     (:func:`~twice_envs.agents.sequence.text_sequences`): once turns drop out of the window,
     one sequence per turn, each after its own context.
+
+    Turns marked as deliberate mistakes (:class:`~twice_envs.envs.mistakes.Mistake`) are weighted
+    ``mistake_weight`` instead of 1 (0: they stay in the context but are not imitated).
     """
+    from twice_envs.envs.mistakes import Mistake
+
+    def turn_weight(action: str) -> float:
+        return float(mistake_weight) if isinstance(action, Mistake) else 1.0
+
     from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 
     if window is not None:
-        return _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window)
+        return _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window, turn_weight)
     seqs = []
     for first_obs, turns in episodes:
         ids = list(initial_prompt_ids(tokenizer, first_obs))
@@ -35,7 +44,7 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
             if end_turns:
                 a = a + [tokenizer.eos_token_id]
             ids += a
-            mask += [1.0] * len(a)
+            mask += [turn_weight(action)] * len(a)
             o = observation_ids(tokenizer, obs)
             ids += o
             mask += [context_weight] * len(o)
@@ -45,8 +54,8 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
     return seqs
 
 
-def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window):
-    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids, text_sequences
+def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window, turn_weight):
+    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids, segments, text_sequences
 
     seqs = []
     for first_obs, turns in episodes:
@@ -54,10 +63,11 @@ def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_tu
         for action, obs in turns:
             a = tokenizer.encode(action, add_special_tokens=False)
             blocks.append((a + [tokenizer.eos_token_id] if end_turns else a, observation_ids(tokenizer, obs)))
-        for ids, spans in text_sequences(initial_prompt_ids(tokenizer, first_obs), blocks, window):
+        packed = text_sequences(initial_prompt_ids(tokenizer, first_obs), blocks, window)
+        for (ids, spans), (first, _end) in zip(packed, segments(0, len(blocks), window)):
             weights = [context_weight] * len(ids)
-            for start, end in spans:
-                weights[start:end] = [1.0] * (end - start)
+            for k, (start, end) in enumerate(spans, start=first):
+                weights[start:end] = [turn_weight(turns[k][0])] * (end - start)
             ids, weights = ids[:max_len], weights[:max_len]
             if any(weights):
                 seqs.append((ids, weights))

@@ -283,6 +283,29 @@ def test_sft_sequences_can_end_each_turn_with_a_scored_eos():
     assert [t for t, w in zip(plain, w_plain) if w] == actions[0] + actions[1]
 
 
+@pytest.mark.parametrize("window", [None, 1])
+def test_sft_sequences_weight_marked_mistakes_by_mistake_weight(window):
+    from twice_envs.agents.sft import sft_sequences
+    from twice_envs.envs.mistakes import Mistake
+
+    tok = tiny_policy().tokenizer
+    turns = [("search[red shoes]", "Results"), (Mistake("click[next >]"), "Page 2"), ("click[b01]", "Item")]
+    eps = [("first", turns)]
+    actions = [tok.encode(a, add_special_tokens=False) for a, _ in turns]
+
+    def scored(weight):
+        return [(t, w) for ids, ws in sft_sequences(tok, eps, 10**4, window=window, mistake_weight=weight)
+                for t, w in zip(ids, ws) if w]
+
+    # the mistake stays in the context of the turn after it, weighted as asked
+    assert [t for t, _ in scored(1.0)] == actions[0] + actions[1] + actions[2]
+    assert scored(0.25) == [(t, 1.0) for t in actions[0]] + [(t, 0.25) for t in actions[1]] + [(t, 1.0) for t in actions[2]]
+    assert [t for t, _ in scored(0.0)] == actions[0] + actions[2]
+    last = sft_sequences(tok, eps, 10**4, window=window, mistake_weight=0.0)[-1][0]
+    seen = actions[1] + observation_ids(tok, "Page 2") + actions[2]
+    assert any(last[i : i + len(seen)] == seen for i in range(len(last)))
+
+
 def test_webshop_transcripts_draw_the_goals_of_their_reset_options(monkeypatch, tmp_path):
     env = twice_envs.make("WebShop-v0")
     goals = env.unwrapped.res.goals

@@ -72,6 +72,20 @@ def test_a_share_of_episodes_follows_the_handcoded_expert():
     assert scripted_turns(env, np.random.default_rng(0), skill=1.0, handcoded=0.0).startswith("go to ")
 
 
+def test_scripted_turns_mark_their_random_commands_as_mistakes():
+    from twice_envs.envs.mistakes import Mistake
+
+    env = twice_envs.make("ALFWorld-v0", show_admissible=True)
+    env.reset(seed=2)
+    rng = np.random.default_rng(0)
+    assert not isinstance(scripted_turns(env, rng, skill=1.0), Mistake)
+    for tagged in (False, True):
+        turn = scripted_turns(env, rng, skill=0.0, tagged=tagged)
+        assert isinstance(turn, Mistake)
+        assert turn.removeprefix("<action>").removesuffix("</action>") in env.last_info["admissible_actions"]
+        assert turn.startswith("<action>") == tagged
+
+
 def test_renumbered_copies_permute_instance_numbers_consistently_and_keep_the_play_right():
     import re
 
@@ -110,3 +124,9 @@ def test_renumbered_copies_permute_instance_numbers_consistently_and_keep_the_pl
             command = action.removeprefix("<action>").removesuffix("</action>")
             assert command in listed
     assert changed >= len(copies) - 1
+    # a deliberate mistake stays marked in its copies
+    from twice_envs.envs.mistakes import Mistake
+
+    marks = [[isinstance(a, Mistake) for a, _o in turns] for _first, turns in episodes]
+    assert any(any(m) for m in marks)
+    assert [[isinstance(a, Mistake) for a, _o in turns] for _first, turns in copies] == [m for m in marks for _ in range(2)]

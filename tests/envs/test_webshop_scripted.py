@@ -51,3 +51,16 @@ def test_clicks_are_written_as_the_page_shows_them():
             done = term or trunc
     assert any(e[:1] == "B" and e.isupper() for e in seen)  # a product id, as shown: B00000J0CW
     assert "Buy Now" in seen
+
+
+def test_random_clicks_are_marked_as_mistakes_and_expert_actions_are_not():
+    from twice_envs.envs.mistakes import Mistake
+
+    env = twice_envs.make("WebShop-v0")
+    env.reset(seed=1)
+    rng = np.random.default_rng(0)
+    first = scripted_turns(env, rng, skill=0.0)  # a search: never replaced by a mistake
+    assert first.startswith("search[") and not isinstance(first, Mistake)
+    env.step(first)
+    assert isinstance(scripted_turns(env, rng, skill=0.0), Mistake)
+    assert not isinstance(scripted_turns(env, rng, skill=1.0), Mistake)

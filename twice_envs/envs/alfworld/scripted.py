@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from twice_envs.envs.alfworld.expert import ALFWorldExpert, HandcodedExpert, as_turn
+from twice_envs.envs.mistakes import Mistake, marked_like
 
 #: One expert of each kind per process: each keeps its own engine and follows each env's history.
 _EXPERTS: dict[str, object] = {}
@@ -29,13 +30,15 @@ _EPISODE_EXPERT: dict[int, str] = {}
 
 def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0, tagged: bool = False,
                    handcoded: float = 0.0) -> str:
-    """An expert's command with probability ``skill``, else a random admissible one; the expert
+    """An expert's command with probability ``skill``, else a random admissible one (marked as a
+    :class:`~twice_envs.envs.mistakes.Mistake`); the expert
     of an episode is the hand-coded one with probability ``handcoded`` (drawn at its first turn),
     else the planner."""
     if env.turn == 0 or id(env) not in _EPISODE_EXPERT:
         _EPISODE_EXPERT[id(env)] = "handcoded" if handcoded > 0 and rng.random() < handcoded else "planner"
     command = _command(env, rng, skill, _EPISODE_EXPERT[id(env)])
-    return as_turn(command) if tagged else command
+    text = as_turn(command) if tagged else command
+    return Mistake(text) if isinstance(command, Mistake) else text
 
 
 def _expert(kind: str):
@@ -47,11 +50,11 @@ def _expert(kind: str):
 def _command(env, rng: np.random.Generator, skill: float, kind: str = "planner") -> str:
     actions = list(env.last_info.get("admissible_actions") or [])
     if actions and rng.random() >= skill:
-        return str(actions[int(rng.integers(len(actions)))])
+        return Mistake(actions[int(rng.integers(len(actions)))])
     try:
         return _expert(kind).act(env)
     except Exception:  # planner timeout, no plan, or the hand-coded expert gave up: a random command
-        return str(actions[int(rng.integers(len(actions)))]) if actions else "look"
+        return Mistake(actions[int(rng.integers(len(actions)))] if actions else "look")
 
 
 #: An entity as ALFWorld writes it: a lowercase name and its instance number ("cabinet 3").
@@ -89,5 +92,5 @@ def renumbered_copies(env: Any, episodes: list, copies: int, rng: np.random.Gene
                 text = _ENTITY.sub(lambda m: f"{m[1]} {table[(m[1], int(m[2]))]}", text)
                 return _ADMISSIBLE.sub(lambda m: m[1] + ", ".join(sorted(m[2].split(", "))) + ".", text)
 
-            out.append((rename(first_obs), [(rename(a), rename(o)) for a, o in turns]))
+            out.append((rename(first_obs), [(marked_like(a, rename(a)), rename(o)) for a, o in turns]))
     return out

@@ -20,6 +20,7 @@ from typing import Optional
 
 import numpy as np
 
+from twice_envs.envs.mistakes import Mistake
 from twice_envs.envs.webshop.pages import SEP
 
 
@@ -123,7 +124,8 @@ _SHOPPERS: dict[int, ScriptedAgent] = {}
 
 def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
     """The next turn of a shopper with mistake rate ``1 - skill``: the scripted shopper's action with
-    probability ``skill``, else a random click (searches are never replaced).
+    probability ``skill``, else a random click, marked as a :class:`~twice_envs.envs.mistakes.Mistake`
+    (searches are never replaced).
 
     The ``f(env, rng, skill)`` form the tiny model's transcript writer takes.
     """
@@ -134,7 +136,7 @@ def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
     if rng.random() < skill or info.get("page") == "search":
         return agent.act(obs, info)
     rand = RandomAgent(seed=int(rng.integers(1 << 31)))
-    return rand.act(obs, info)
+    return Mistake(rand.act(obs, info))
 
 
 __all__ = ["RandomAgent", "ScriptedAgent", "evaluate", "scripted_turns"]
