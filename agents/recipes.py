@@ -24,7 +24,9 @@ from twice_envs._deps import require
 from twice_envs.agents.model_dirs import SHIPPED_TINY, TINY_NAME, models_dir, publish_dir
 from twice_envs.agents.sft import copy_sequences, sft_sequences, stack_layers, teacher_forced_loss, train_sft
 from twice_envs.agents.tokenizer import SPECIAL_TOKENS, train_tokenizer
-from twice_envs.agents.transcripts import AUGMENTERS, available_envs, corpus_texts, scripted_agent, scripted_episodes
+from twice_envs.agents.transcripts import (
+    AUGMENTERS, available_envs, corpus_texts, entity_ids, scripted_agent, scripted_episodes,
+)
 
 #: Version of the tiny model's recipes; a cached build of another version is not used
 #: (builds that do not record one are version 1).
@@ -77,6 +79,11 @@ class TinyModelConfig:
     tokenizer_corpus: bool = False
     """Also train the tokenizer on the text of the envs' corpora and training questions (SearchQA's
     generated encyclopedia); with a vocabulary of about 8k most entity names become one token."""
+    id_tokens: bool = False
+    """Give every id the envs' pages show and actions copy (WebShop's product ids) a token of its
+    own (:func:`~twice_envs.agents.tokenizer.train_tokenizer`), so the id reads the same on a page
+    and in an action. The model then knows the ids of the catalogue it was built on; ids of
+    another catalogue are split into BPE tokens as before."""
     hidden_size: int = 128
     """Model width."""
     num_layers: int = 4
@@ -243,7 +250,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
             texts += [a, o]
     if cfg.tokenizer_corpus:
         texts += corpus_texts(envs)
-    tokenizer = train_tokenizer(texts, cfg.vocab_size)
+    tokenizer = train_tokenizer(texts, cfg.vocab_size, entity_ids(envs) if cfg.id_tokens else ())
     seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window,
                          cfg.mistake_weight)
     n_tok = sum(len(s) for s, _ in seqs)

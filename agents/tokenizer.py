@@ -15,8 +15,13 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
-def train_tokenizer(texts: Sequence[str], vocab_size: int):
-    """A byte-level BPE tokenizer trained on ``texts``, with the ChatML template."""
+def train_tokenizer(texts: Sequence[str], vocab_size: int, whole_tokens: Sequence[str] = ()):
+    """A byte-level BPE tokenizer trained on ``texts``, with the ChatML template.
+
+    Each string of ``whole_tokens`` (product ids) becomes one token of its own, added after the
+    ``vocab_size`` BPE tokens and matched before BPE: it is the same single token on a page
+    (``" B00001D1VZ"``) and in an action (``"click[B00001D1VZ]"``), so copying it is one step.
+    """
     tokenizers = require("tokenizers", "hf", "the tiny model's tokenizer")
     transformers = require("transformers", "hf", "the tiny model")
     tok = tokenizers.Tokenizer(tokenizers.models.BPE())
@@ -29,6 +34,8 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int):
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    if whole_tokens:
+        tok.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in sorted(set(whole_tokens))])
     fast = transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
     )

@@ -92,6 +92,20 @@ def available_envs(env_ids: Sequence[str]) -> list[str]:
     return ok
 
 
+def entity_ids(env_ids: Sequence[str]) -> list[str]:
+    """Ids that the pages of ``env_ids`` show and actions copy (WebShop's product ids, from its catalogue)."""
+    import twice_envs
+
+    out: list[str] = []
+    for env_id in env_ids:
+        env = twice_envs.make(env_id)
+        env.reset(seed=0)
+        catalogue = getattr(getattr(env.unwrapped, "res", None), "catalogue", None)
+        if catalogue is not None:
+            out += [catalogue[i].asin for i in range(len(catalogue))]
+    return out
+
+
 def corpus_texts(env_ids: Sequence[str]) -> list[str]:
     """Passages and training-split questions of the envs that expose a corpus (SearchQA)."""
     import twice_envs

@@ -306,6 +306,29 @@ def test_sft_sequences_weight_marked_mistakes_by_mistake_weight(window):
     assert any(last[i : i + len(seen)] == seen for i in range(len(last)))
 
 
+def test_whole_tokens_read_the_same_on_a_page_and_in_an_action():
+    from twice_envs.agents.tokenizer import train_tokenizer
+    from twice_envs.agents.transcripts import entity_ids
+
+    ids = entity_ids(["WebShop-v0"])
+    env = twice_envs.make("WebShop-v0")
+    env.reset(seed=0)
+    assert len(ids) == len(env.unwrapped.res.catalogue) and len(set(ids)) == len(ids)
+    texts = ["[SEP] B00001D1VZ [SEP] Vely Goods", "click[B00001D1VZ]", "search[red shoes]"] * 20
+    plain, whole = train_tokenizer(texts, 300), train_tokenizer(texts, 300, ids)
+    assert len(whole) == len(plain) + len(ids)
+    pid = ids[7]
+    for tok, n in ((whole, 1), (plain, None)):
+        on_page = tok.encode(f"[SEP] {pid} [SEP]", add_special_tokens=False)
+        in_action = tok.encode(f"click[{pid}]", add_special_tokens=False)
+        page_tokens = tok.convert_ids_to_tokens(on_page)
+        if n == 1:  # one token, the same in both places, and text round-trips
+            assert pid in page_tokens and tok.convert_ids_to_tokens(in_action).count(pid) == 1
+            assert tok.decode(in_action) == f"click[{pid}]"
+        else:  # plain BPE splits the id, and the page's first piece carries the space
+            assert pid not in page_tokens
+
+
 def test_webshop_transcripts_draw_the_goals_of_their_reset_options(monkeypatch, tmp_path):
     env = twice_envs.make("WebShop-v0")
     goals = env.unwrapped.res.goals
