@@ -207,6 +207,24 @@ def test_mixed_agent_quality_follows_skill_and_turn_format():
     assert turn.startswith("<think> ") and P.parse_action(turn).kind in ("search", "answer")
 
 
+def test_scripted_mistakes_are_marked_and_gold_turns_are_not():
+    from twice_envs.envs.mistakes import Mistake
+
+    env = small()
+    env.reset(seed=0, options={"index": 0, "split": "train"})
+    rng = np.random.default_rng(3)
+    assert not any(isinstance(scripted_turns(env, rng, 1.0), Mistake) for _ in range(20))
+    turns = [scripted_turns(env, rng, 0.0) for _ in range(50)]
+    marked = [t for t in turns if isinstance(t, Mistake)]
+    assert 20 <= len(marked) <= 50  # skill 0: a mistake on 80% of first turns
+    assert all("I need the" not in t for t in marked) and all("I need the" in t for t in turns if t not in marked)
+    # renamed copies keep the marks
+    first, _ = env.reset(seed=0, options={"index": 0, "split": "train"})
+    episode = (first, [(marked[0], "obs one"), (scripted_turns(env, rng, 1.0), "obs two")])
+    copies = renamed_copies(env, [episode], 2, np.random.default_rng(0))
+    assert [[isinstance(a, Mistake) for a, _o in turns] for _f, turns in copies] == [[True, False]] * 2
+
+
 def test_scripted_reasoning_quotes_the_sentence_it_reads():
     env = small()
     for i in range(20):

@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
+from twice_envs.envs.mistakes import Mistake, marked_like
 from twice_envs.envs.searchqa.corpus_gen import RELATION_WORDS, RELATIONS, extract_fact
 
 _SENTENCE_RE = re.compile(r"(?<=\.)\s+")
@@ -146,8 +147,10 @@ def _previous_queries(env: Any) -> list[str]:
 def scripted_turns(env: Any, rng: Optional[np.random.Generator] = None, skill: float = 1.0, quote: bool = False) -> str:
     """The next raw turn of a scripted agent with mistake rate ``1 - skill`` (1.0: gold-hop agent).
 
-    With ``quote``, the reasoning of a turn that follows a successful read quotes the passage
-    sentence that states the fact, before the answer or the next need.
+    The mistakes (premature guesses, weak searches) are marked as
+    :class:`~twice_envs.envs.mistakes.Mistake`. With ``quote``, the reasoning of a turn that
+    follows a successful read quotes the passage sentence that states the fact, before the
+    answer or the next need.
     """
     base = _base(env)
     rng = rng if rng is not None else np.random.default_rng(0)
@@ -156,7 +159,7 @@ def scripted_turns(env: Any, rng: Optional[np.random.Generator] = None, skill: f
     searches_left = base.max_searches - base.num_searches
     if action == "answer":
         if bad and rng.random() < 0.2 * bad:
-            return _turn("I am fairly sure of this.", "answer", _guess(env, rng))
+            return Mistake(_turn("I am fairly sure of this.", "answer", _guess(env, rng)))
         if quote:
             return _turn(_quote(what, f"The answer is {what['answer']}."), "answer", what["answer"])
         return _turn(f"The passages give the answer: {what['answer']}.", "answer", what["answer"])
@@ -165,7 +168,7 @@ def scripted_turns(env: Any, rng: Optional[np.random.Generator] = None, skill: f
     if bad:
         u = rng.random()
         if u < 0.4 * bad:
-            return _turn("I think I already know this.", "answer", _guess(env, rng))
+            return Mistake(_turn("I think I already know this.", "answer", _guess(env, rng)))
         if u < 0.8 * bad:
             subject = what["subject"]
             weak = [
@@ -174,7 +177,7 @@ def scripted_turns(env: Any, rng: Optional[np.random.Generator] = None, skill: f
                 " ".join(base.task.question.rstrip("?").split()[-3:]),
             ]
             q = weak[int(rng.integers(len(weak)))]
-            return _turn(f"Let me search for {q}.", "search", q)
+            return Mistake(_turn(f"Let me search for {q}.", "search", q))
     good = _good_query(what, 0)
     tries = _previous_queries(env).count(good)
     q = _good_query(what, tries)
@@ -248,5 +251,5 @@ def renamed_copies(env: Any, episodes: list, copies: int, rng: np.random.Generat
             targets = rng.choice(len(pool), size=len(present), replace=False)
             mapping = {w: pool[int(j)] for w, j in zip(present, targets)}
             sub = lambda text: _CAPITALISED_RE.sub(lambda m: mapping.get(m.group(0), m.group(0)), text)  # noqa: E731
-            out.append((sub(first_obs), [(sub(a), sub(o)) for a, o in turns]))
+            out.append((sub(first_obs), [(marked_like(a, sub(a)), sub(o)) for a, o in turns]))
     return out
