@@ -24,6 +24,7 @@ SCRIPTED_AGENTS: dict[str, str] = {
 AUGMENTERS: dict[str, str] = {
     "SearchQA-v0": "twice_envs.envs.searchqa.scripted:renamed_copies",
     "ALFWorld-v0": "twice_envs.envs.alfworld.scripted:renumbered_copies",
+    "WebShop-v0": "twice_envs.envs.webshop.scripted:reassigned_ids",
 }
 
 

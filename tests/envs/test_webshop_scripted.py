@@ -64,3 +64,42 @@ def test_random_clicks_are_marked_as_mistakes_and_expert_actions_are_not():
     env.step(first)
     assert isinstance(scripted_turns(env, rng, skill=0.0), Mistake)
     assert not isinstance(scripted_turns(env, rng, skill=1.0), Mistake)
+
+
+def test_reassigned_ids_swap_product_ids_one_to_one_and_keep_the_play_right():
+    import re
+
+    from twice_envs.agents.transcripts import AUGMENTERS, scripted_agent, scripted_episodes
+    from twice_envs.envs.mistakes import Mistake
+    from twice_envs.envs.webshop.scripted import reassigned_ids
+
+    assert scripted_agent("WebShop-v0", AUGMENTERS) is reassigned_ids
+    env = twice_envs.make("WebShop-v0")
+    env.reset(seed=0)
+    catalogue = {env.unwrapped.res.catalogue[i].asin for i in range(len(env.unwrapped.res.catalogue))}
+    episodes = scripted_episodes("WebShop-v0", 6, seed=1, skill_range=(0.5, 0.8), max_turns=6)
+    copies = reassigned_ids(env, episodes, 2, np.random.default_rng(3))
+    assert len(copies) == 12
+    ids = re.compile(r"\b[A-Za-z0-9]{10}\b")
+    changed = 0
+    for k, (first, turns) in enumerate(copies):
+        orig_first, orig_turns = episodes[k // 2]
+        mapping = {}
+        for old, new in zip([orig_first] + [t for p in orig_turns for t in p], [first] + [t for p in turns for t in p]):
+            # only catalogue ids change, one to one, the same way in every text, case kept
+            assert ids.sub("#", old) == ids.sub("#", new)
+            for a, b in zip(ids.findall(old), ids.findall(new)):
+                if a.upper() in catalogue:
+                    assert b.upper() in catalogue and a.isupper() == b.isupper()
+                    assert mapping.setdefault(a.upper(), b.upper()) == b.upper()
+                else:
+                    assert a == b
+        assert len(set(mapping.values())) == len(mapping)
+        changed += any(a != b for a, b in mapping.items())
+        # every click names an element of the page before it; marks stay
+        pages = [first] + [o for _a, o in turns]
+        for (action, _o), page in zip(turns, pages):
+            if action.startswith("click["):
+                assert action[6:-1] in page.split(" [SEP] ")
+        assert [isinstance(a, Mistake) for a, _o in turns] == [isinstance(a, Mistake) for a, _o in orig_turns]
+    assert changed >= len(copies) - 1

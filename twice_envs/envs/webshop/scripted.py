@@ -10,6 +10,10 @@ trained on these transcripts can then copy the element from the page.
   ``blue``; one value per option group as far as the page shows it); buy.
 * :class:`RandomAgent`: search the instruction text, then click uniformly at random
   among the admissible actions (seeded).
+
+``scripted_turns`` mixes the two for warm-start transcripts; ``reassigned_ids`` (the
+transcript augmenter of ``twice models build-tiny``) writes copies of them with the product
+ids swapped for other catalogue ids.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from twice_envs.envs.mistakes import Mistake
+from twice_envs.envs.mistakes import Mistake, marked_like
 from twice_envs.envs.webshop.pages import SEP
 
 
@@ -139,4 +143,41 @@ def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
     return Mistake(rand.act(obs, info))
 
 
-__all__ = ["RandomAgent", "ScriptedAgent", "evaluate", "scripted_turns"]
+#: A word that may be a product id (ids are checked against the catalogue before one is swapped).
+_ID_LIKE = re.compile(r"\b[A-Za-z0-9]{10}\b")
+
+
+def reassigned_ids(env, episodes: list, copies: int, rng: np.random.Generator) -> list:
+    """``copies`` variants of each scripted episode ``(first_obs, [(action, obs), ...])`` in which the
+    product ids are swapped, one to one and the same way in every text of the episode, for ids
+    drawn at random from ``env``'s catalogue (an id keeps the case it is written in).
+
+    The play stays right (each click names the product it named, under its new id), but an id
+    no longer goes with its product: a model trained on the copies must copy the ids from the
+    page instead of recalling which id the products of a search had in training.
+    """
+    catalogue = env.unwrapped.res.catalogue
+    pool = [catalogue[i].asin for i in range(len(catalogue))]
+    known = {a.upper() for a in pool}
+    out = []
+    for first_obs, turns in episodes:
+        texts = [first_obs] + [t for pair in turns for t in pair]
+        used = sorted({w.upper() for t in texts for w in _ID_LIKE.findall(t) if w.upper() in known})
+        for _ in range(copies):
+            drawn = rng.choice(len(pool), size=len(used), replace=False)
+            table = {old: pool[int(j)] for old, j in zip(used, drawn)}
+
+            def swap(text: str) -> str:
+                def one(m: re.Match) -> str:
+                    new = table.get(m[0].upper())
+                    if new is None:
+                        return m[0]
+                    return new.lower() if m[0].islower() else new
+
+                return _ID_LIKE.sub(one, text)
+
+            out.append((swap(first_obs), [(marked_like(a, swap(a)), swap(o)) for a, o in turns]))
+    return out
+
+
+__all__ = ["RandomAgent", "ScriptedAgent", "evaluate", "reassigned_ids", "scripted_turns"]
