@@ -26,12 +26,11 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
     Turns marked as deliberate mistakes (:class:`~twice_envs.envs.mistakes.Mistake`) are weighted
     ``mistake_weight`` instead of 1 (0: they stay in the context but are not imitated).
     """
+    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
     from twice_envs.envs.mistakes import Mistake
 
     def turn_weight(action: str) -> float:
         return float(mistake_weight) if isinstance(action, Mistake) else 1.0
-
-    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
 
     if window is not None:
         return _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window, turn_weight)
