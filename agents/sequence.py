@@ -199,8 +199,9 @@ def _sequences(prompt_ids: Sequence[int], history: Sequence[tuple[list[int], lis
 
 
 def text_sequences(prompt_ids: Sequence[int], blocks: Sequence[tuple[list[int], list[int]]],
-                   window: Optional[int]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+                   window: Optional[int]) -> list[tuple[list[int], list[tuple[int, int]], int]]:
     """Sequences of a text episode (scripted transcripts) with the rollout's contexts:
     ``blocks`` are ``(turn_ids, obs_ids)``; returns ``(input_ids, [(start, end) of each turn's
-    tokens])`` per sequence of :func:`segments`, as :func:`pack_segments` packs a rollout."""
-    return [(ids, spans) for ids, spans, _a in _sequences(prompt_ids, [], blocks, window)]
+    tokens], index of its first turn)`` per sequence of :func:`segments`, as
+    :func:`pack_segments` packs a rollout."""
+    return _sequences(prompt_ids, [], blocks, window)

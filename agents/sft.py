@@ -54,7 +54,7 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
 
 
 def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window, turn_weight):
-    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids, segments, text_sequences
+    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids, text_sequences
 
     seqs = []
     for first_obs, turns in episodes:
@@ -62,8 +62,7 @@ def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_tu
         for action, obs in turns:
             a = tokenizer.encode(action, add_special_tokens=False)
             blocks.append((a + [tokenizer.eos_token_id] if end_turns else a, observation_ids(tokenizer, obs)))
-        packed = text_sequences(initial_prompt_ids(tokenizer, first_obs), blocks, window)
-        for (ids, spans), (first, _end) in zip(packed, segments(0, len(blocks), window)):
+        for ids, spans, first in text_sequences(initial_prompt_ids(tokenizer, first_obs), blocks, window):
             weights = [context_weight] * len(ids)
             for k, (start, end) in enumerate(spans, start=first):
                 weights[start:end] = [turn_weight(turns[k][0])] * (end - start)

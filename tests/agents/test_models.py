@@ -289,7 +289,10 @@ def test_sft_sequences_weight_marked_mistakes_by_mistake_weight(window):
     from twice_envs.envs.mistakes import Mistake
 
     tok = tiny_policy().tokenizer
-    turns = [("search[red shoes]", "Results"), (Mistake("click[next >]"), "Page 2"), ("click[b01]", "Item")]
+    # with window 1 the first sequence holds turns 0 and 1, then each turn has its own: the
+    # mistake (turn 2) is scored in a later sequence, where its index must be the episode's
+    turns = [("search[red shoes]", "Results"), ("click[b02]", "Item two"), (Mistake("click[next >]"), "Page 2"),
+             ("click[b01]", "Item")]
     eps = [("first", turns)]
     actions = [tok.encode(a, add_special_tokens=False) for a, _ in turns]
 
@@ -298,11 +301,12 @@ def test_sft_sequences_weight_marked_mistakes_by_mistake_weight(window):
                 for t, w in zip(ids, ws) if w]
 
     # the mistake stays in the context of the turn after it, weighted as asked
-    assert [t for t, _ in scored(1.0)] == actions[0] + actions[1] + actions[2]
-    assert scored(0.25) == [(t, 1.0) for t in actions[0]] + [(t, 0.25) for t in actions[1]] + [(t, 1.0) for t in actions[2]]
-    assert [t for t, _ in scored(0.0)] == actions[0] + actions[2]
+    assert [t for t, _ in scored(1.0)] == actions[0] + actions[1] + actions[2] + actions[3]
+    assert scored(0.25) == ([(t, 1.0) for t in actions[0] + actions[1]] + [(t, 0.25) for t in actions[2]]
+                            + [(t, 1.0) for t in actions[3]])
+    assert [t for t, _ in scored(0.0)] == actions[0] + actions[1] + actions[3]
     last = sft_sequences(tok, eps, 10**4, window=window, mistake_weight=0.0)[-1][0]
-    seen = actions[1] + observation_ids(tok, "Page 2") + actions[2]
+    seen = actions[2] + observation_ids(tok, "Page 2") + actions[3]
     assert any(last[i : i + len(seen)] == seen for i in range(len(last)))
 
 

@@ -101,6 +101,7 @@ def test_transcripts_get_the_rollouts_sequences(windowed):
     blocks = [(t.token_ids, t.obs_token_ids) for t in ep.turns]
     got = text_sequences(ep.prompt_ids, blocks, ep.window)
     packed = pack_segments(ep)
-    assert [ids for ids, _ in got] == [ids for ids, *_ in packed]
-    for (ids, spans), (_, mask, _, _) in zip(got, packed):
+    assert [ids for ids, *_ in got] == [ids for ids, *_ in packed]
+    for (ids, spans, first), (_, mask, _, turn_of) in zip(got, packed):
         assert sorted(i for a, b in spans for i in range(a, b)) == [i for i, m in enumerate(mask) if m]
+        assert [turn_of[a] for a, _b in spans] == list(range(first, first + len(spans)))
