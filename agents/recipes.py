@@ -58,6 +58,11 @@ class TinyModelConfig:
     """ALFWorld training games per task type and room layout of the train split, written once into
     the cache by the game generator (0: the 22 bundled train games). Held-out ``valid_unseen``
     games are laid out in rooms the train split never uses, so they are never trained on."""
+    alfworld_rooms: int = 0
+    """Randomly drawn training rooms of each kind (kitchen, bathroom, bedroom, living room) added to
+    the layouts of the ``alfworld_games`` (:func:`~twice_envs.envs.alfworld.generator.drawn_layout`):
+    receptacle counts and object sets then differ from game to game, so names must be read from
+    the observation. A drawn room never equals a held-out one."""
     reset_options: dict = field(default_factory=dict)
     """Options of every transcript reset, by env id (``{"WebShop-v0": {"split": "train"}}``): they pin
     the tasks the transcripts draw to the training split, whatever the env kwargs' default split."""
@@ -315,12 +320,12 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
 def transcript_env_kwargs(cfg: TinyModelConfig, env_id: str) -> dict:
     """``make`` kwargs of the env whose scripted episodes a recipe trains on: ``cfg.env_kwargs``, and
     for ALFWorld with ``cfg.alfworld_games`` a folder of that many generated training games per task
-    type and layout (generated into the cache on first use)."""
+    type and layout, ``cfg.alfworld_rooms`` drawn rooms included (generated into the cache on first use)."""
     kwargs = dict(cfg.env_kwargs.get(env_id) or {})
     if env_id.startswith("ALFWorld") and cfg.alfworld_games > 0 and "data_dir" not in kwargs:
         from twice_envs.envs.alfworld.generator import generated_collection
 
-        kwargs["data_dir"] = str(generated_collection("train", cfg.alfworld_games))
+        kwargs["data_dir"] = str(generated_collection("train", cfg.alfworld_games, rooms=cfg.alfworld_rooms))
     return kwargs
 
 

@@ -467,3 +467,15 @@ def test_same_build_compares_the_bytes(tmp_path):
     (copy / "config.json").write_text((copy / "config.json").read_text().replace('"num_hidden_layers": 4', '"num_hidden_layers": 3'))
     assert not models.same_build(copy, models.SHIPPED_TINY)
     assert not models.same_build(tmp_path / "missing", tmp_path / "missing")
+
+
+def test_alfworld_transcripts_play_the_generated_games_and_drawn_rooms_of_the_recipe(monkeypatch, tmp_path):
+    from twice_envs.envs.alfworld import generator
+
+    calls = []
+    monkeypatch.setattr(generator, "generated_collection", lambda split, count, rooms=0: calls.append((split, count, rooms)) or tmp_path)
+    cfg = replace(recipes.RECIPES["alfworld"], alfworld_games=3, alfworld_rooms=5)
+    kwargs = recipes.transcript_env_kwargs(cfg, "ALFWorld-v0")
+    assert kwargs == {"show_admissible": True, "data_dir": str(tmp_path)} and calls == [("train", 3, 5)]
+    assert recipes.transcript_env_kwargs(replace(cfg, alfworld_games=0), "ALFWorld-v0") == {"show_admissible": True}
+    assert len(calls) == 1

@@ -185,3 +185,57 @@ def test_a_generated_training_set_is_played_through_data_dir(tmp_path):
     assert term and reward == 1.0
     with pytest.raises(SystemExit):
         main(["--out", str(tmp_path), "--count", "2"])  # --count needs --split
+
+
+def test_drawn_rooms_are_deterministic_varied_and_never_a_held_out_room(monkeypatch):
+    from twice_envs.envs.alfworld import generator as g
+
+    rooms = g.drawn_rooms(12)
+    assert g.drawn_layout("kitchen-room3") == g.drawn_layout("kitchen-room3")
+    layouts = [g.drawn_layout(name) for name in rooms]
+    assert len({l.receptacles for l in layouts}) > 40  # 48 rooms, counts drawn per room
+    held_out = {frozenset(g.LAYOUTS[n].receptacles) for _, unseen in g.TASK_LAYOUTS.values() for n in unseen}
+    assert not any(frozenset(l.receptacles) in held_out for l in layouts)
+    # every room kind plays its tasks, with what each task needs
+    assert all(tasks for tasks in rooms.values())
+    assert any("look_at_obj_in_light" in rooms[n] for n in rooms if n.startswith("livingroom"))
+    for name, tasks in rooms.items():
+        present = {t for t, _ in g.drawn_layout(name).receptacles}
+        if "pick_heat_then_place_in_recep" in tasks:
+            assert "Microwave" in present
+    kitchen = g.LAYOUTS["kitchen_a"]
+    no_microwave = g.Layout("x", tuple(r for r in kitchen.receptacles if r[0] != "Microwave"), kitchen.objects)
+    assert g.playable("pick_heat_then_place_in_recep", kitchen)
+    assert not g.playable("pick_heat_then_place_in_recep", no_microwave)
+    assert not g.playable("look_at_obj_in_light", kitchen)  # no lamp in a kitchen
+    for bad in ("kitchen", "attic-room1", "kitchen-roomx", "kitchen_a"):
+        with pytest.raises(ValueError, match="drawn room"):
+            g.drawn_layout(bad)
+    # a room kind that can only draw a held-out room is refused, not trained on
+    living = dict(g.LAYOUTS["livingroom"].receptacles)
+    monkeypatch.setitem(g.ROOM_KINDS, "livingroom", ({t: (c, c) for t, c in living.items()}, g.LAYOUTS["livingroom"].objects))
+    with pytest.raises(RuntimeError, match="held-out"):
+        g.drawn_layout("livingroom-room0")
+
+
+def test_drawn_rooms_join_only_the_train_split_and_their_games_win(tmp_path):
+    from twice_envs.envs.alfworld.generator import TASK_LAYOUTS, drawn_rooms, generated_collection, main
+
+    assert main(["--out", str(tmp_path), "--split", "train", "--count", "1", "--rooms", "1"]) == 0
+    files = sorted((tmp_path / "train").glob("*.json"))
+    fixed = sum(len(seen) for seen, _ in TASK_LAYOUTS.values())
+    assert len(files) == fixed + sum(len(t) for t in drawn_rooms(1).values())
+    drawn = [f for f in files if "-room" in f.stem]
+    assert {f.stem.split("-")[1] for f in drawn} == {"kitchen", "bathroom", "bedroom", "livingroom"}
+    env = twice_envs.make("ALFWorld-v0", data_dir=str(tmp_path))
+    for f in drawn[::3]:
+        game = json.loads(f.read_text())
+        assert game["layout"] == "-".join(f.stem.split("-")[1:3])
+        env.reset(seed=0, options={"index": env.unwrapped.games.index(f.stem)})
+        for command in game["walkthrough"]:
+            _, reward, term, _, _ = env.step(command)
+        assert term and reward == 1.0, f.stem
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path), "--split", "valid_unseen", "--rooms", "2"])
+    with pytest.raises(ValueError, match="train split only"):
+        generated_collection("valid_unseen", 1, rooms=2)

@@ -10,8 +10,10 @@ goal does not hold at the start and the walkthrough wins.
 Run ``python -m twice_envs.envs.alfworld.generator [--out DIR]`` to rewrite the
 bundled set (deterministic: the same code writes the same files), or
 ``--split train --count N`` to write ``N`` games per task type and layout of one split
-(a training set of any size: ``make("ALFWorld-v0", data_dir=DIR)`` plays it). Games of
-the ``valid_unseen`` split are laid out in rooms no other split uses.
+(a training set of any size: ``make("ALFWorld-v0", data_dir=DIR)`` plays it), and
+``--rooms R`` to add ``R`` randomly drawn rooms of each kind (kitchen, bathroom, bedroom,
+living room) to the train split. Games of the ``valid_unseen`` split are laid out in rooms no
+other split uses: drawn rooms equal to one of them are drawn again.
 """
 
 from __future__ import annotations
@@ -157,6 +159,85 @@ TASK_LAYOUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 #: Games per (task type, layout) in each split.
 SPLIT_COUNTS = {"train": 2, "valid_seen": 1, "valid_unseen": 1}
+
+# ---------------------------------------------------------------------------- drawn rooms
+#: Room kinds of the drawn training rooms: (receptacle type -> (min, max) count, object types).
+#: A drawn room takes every receptacle type at a count drawn from its range and a random
+#: subset of the object types, so names, counts and contents differ from room to room.
+ROOM_KINDS: dict[str, tuple[dict[str, tuple[int, int]], tuple[str, ...]]] = {
+    "kitchen": (
+        {"CounterTop": (1, 3), "Cabinet": (2, 6), "Drawer": (1, 4), "Fridge": (1, 1), "Microwave": (1, 1),
+         "SinkBasin": (1, 1), "StoveBurner": (1, 4), "DiningTable": (0, 1), "GarbageCan": (1, 1),
+         "CoffeeMachine": (0, 1), "Shelf": (0, 2)},
+        LAYOUTS["kitchen_a"].objects,
+    ),
+    "bathroom": (
+        {"CounterTop": (1, 2), "Cabinet": (1, 4), "Drawer": (0, 3), "SinkBasin": (1, 2), "BathtubBasin": (0, 1),
+         "Toilet": (1, 1), "ToiletPaperHanger": (0, 1), "Shelf": (0, 2), "GarbageCan": (1, 1)},
+        LAYOUTS["bathroom"].objects,
+    ),
+    "bedroom": (
+        {"Bed": (1, 1), "Desk": (0, 1), "SideTable": (1, 2), "Drawer": (1, 4), "Shelf": (0, 3), "Dresser": (0, 1),
+         "GarbageCan": (1, 1), "Safe": (0, 1)},
+        LAYOUTS["bedroom"].objects,
+    ),
+    "livingroom": (
+        {"Sofa": (1, 1), "ArmChair": (0, 2), "CoffeeTable": (1, 1), "SideTable": (1, 2), "Drawer": (0, 4),
+         "Shelf": (0, 3), "TVStand": (0, 1), "Dresser": (0, 1), "GarbageCan": (1, 1)},
+        LAYOUTS["livingroom"].objects,
+    ),
+}
+#: Task types played in each room kind (those its appliances and objects allow).
+KIND_TASKS: dict[str, tuple[str, ...]] = {
+    "kitchen": ("pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep",
+                "pick_cool_then_place_in_recep", "pick_two_obj_and_place"),
+    "bathroom": ("pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place"),
+    "bedroom": ("pick_and_place_simple", "look_at_obj_in_light", "pick_two_obj_and_place"),
+    "livingroom": ("pick_and_place_simple", "look_at_obj_in_light", "pick_two_obj_and_place"),
+}
+_HELD_OUT_ROOMS = {
+    frozenset(LAYOUTS[name].receptacles) for _, unseen in TASK_LAYOUTS.values() for name in unseen
+}
+
+
+def drawn_layout(name: str) -> Layout:
+    """The drawn training room ``name`` (``"<kind>-room<i>"``, e.g. ``"livingroom-room3"``).
+
+    Deterministic in its name. A draw whose receptacles (types and counts) equal those of a
+    held-out (``valid_unseen``) room is drawn again, so a held-out room is never trained on;
+    the room kinds themselves are shared, as ALFWorld's unseen scenes share the kinds of its
+    training scenes.
+    """
+    kind, sep, index = name.partition("-room")
+    if kind not in ROOM_KINDS or not sep or not index.isdigit():
+        raise ValueError(f"not a drawn room name: {name!r} (expected <kind>-room<i>, kind one of {tuple(ROOM_KINDS)})")
+    counts, objects = ROOM_KINDS[kind]
+    for attempt in range(100):
+        rng = np.random.default_rng(_stable_seed("room", name, attempt))
+        receptacles = tuple((t, int(rng.integers(lo, hi + 1))) for t, (lo, hi) in counts.items())
+        receptacles = tuple((t, c) for t, c in receptacles if c > 0)
+        if frozenset(receptacles) in _HELD_OUT_ROOMS:
+            continue
+        present = {t for t, _ in receptacles}
+        holdable = [o for o in objects if set(OBJECTS[o].receptacles) & present]
+        keep = [o for o in holdable if o == "DeskLamp" or rng.random() < 0.75]
+        return Layout(name, receptacles, tuple(keep))
+    raise RuntimeError(f"could not draw room {name!r} apart from the held-out rooms")
+
+
+def drawn_rooms(rooms: int) -> dict[str, tuple[str, ...]]:
+    """Names of ``rooms`` drawn training rooms of every kind, with the task types each can play."""
+    out = {}
+    for kind in ROOM_KINDS:
+        for i in range(int(rooms)):
+            name = f"{kind}-room{i}"
+            out[name] = tuple(t for t in KIND_TASKS[kind] if playable(t, drawn_layout(name)))
+    return out
+
+
+def layout_named(name: str) -> Layout:
+    """A fixed layout of :data:`LAYOUTS` or a drawn room (:func:`drawn_layout`)."""
+    return LAYOUTS[name] if name in LAYOUTS else drawn_layout(name)
 
 _GOALS = {
     "pick_and_place_simple": ("move {a_obj} to the {recep}", "place {a_obj} in the {recep}"),
@@ -314,17 +395,32 @@ def _pick(rng: np.random.Generator, items: Sequence[str]) -> str:
     return items[int(rng.integers(len(items)))]
 
 
+def _targets(task_type: str, layout: Layout) -> list[str]:
+    """Object types a game of ``task_type`` in ``layout`` can be about (empty: the room cannot play it)."""
+    present = {t for t, _ in layout.receptacles}
+    movable = [o for o in layout.objects if OBJECTS[o].pickupable]
+    if task_type in _STATE_CHANGE:
+        able, _, appliance = _STATE_CHANGE[task_type]
+        if appliance not in present:
+            return []
+        movable = [o for o in movable if able in OBJECTS[o].props]
+        movable = [o for o in movable if set(OBJECTS[o].receptacles) & present - {appliance, "GarbageCan"}]
+    if task_type == "look_at_obj_in_light" and "DeskLamp" not in layout.objects:
+        return []
+    # at least two receptacle types, so the object can start away from the goal's
+    return [o for o in movable if len(set(OBJECTS[o].receptacles) & present) >= 2]
+
+
+def playable(task_type: str, layout: Layout) -> bool:
+    """Whether ``layout`` has what a game of ``task_type`` needs (appliance, lamp, a target object)."""
+    return bool(_targets(task_type, layout))
+
+
 def _draw_task(task_type: str, layout: Layout, rng: np.random.Generator) -> tuple[dict, list[tuple[str, Optional[str]]]]:
     """Target object, parent receptacle (and lamp) for a task, plus the object placements."""
     present = {t for t, _ in layout.receptacles}
-    movable = [o for o in layout.objects if OBJECTS[o].pickupable]
     toggle = ""
-    if task_type in _STATE_CHANGE:
-        able, _, appliance = _STATE_CHANGE[task_type]
-        movable = [o for o in movable if able in OBJECTS[o].props]
-    # at least two receptacle types, so the object can start away from the goal's
-    movable = [o for o in movable if len(set(OBJECTS[o].receptacles) & present) >= 2]
-    obj = _pick(rng, movable)
+    obj = _pick(rng, _targets(task_type, layout))
     parents = [r for r in OBJECTS[obj].receptacles if r in present]
     if task_type in _STATE_CHANGE:
         parents = [r for r in parents if r not in (_STATE_CHANGE[task_type][2], "GarbageCan")]
@@ -363,12 +459,15 @@ def make_game(task_type: str, layout_name: str, split: str, k: int, engine_timeo
     from twice_envs.envs.alfworld.engine import POOL, GameData
     from twice_envs.envs.alfworld.games import BUNDLED_FORMAT, alfworld_data_file, grammar_with_goal
 
-    layout = LAYOUTS[layout_name]
+    layout = layout_named(layout_name)
     name = game_name(task_type, layout_name, split, k)
     for attempt in range(20):
         rng = np.random.default_rng(_stable_seed(name, attempt))
-        params, placements = _draw_task(task_type, layout, rng)
-        world = _build_world(layout, rng, placements)
+        try:
+            params, placements = _draw_task(task_type, layout, rng)
+            world = _build_world(layout, rng, placements)
+        except ValueError:  # a drawn room may lack a place for this draw's objects; draw again
+            continue
         obj, recep = params["object_target"].lower(), params["parent_target"].lower()
         goal = goal_sentence(task_type, obj, recep, params["toggle_target"].lower(), variant=k)
         pddl_name = "plan_" + name.replace("-", "_")
@@ -404,19 +503,24 @@ def make_game(task_type: str, layout_name: str, split: str, k: int, engine_timeo
     raise RuntimeError(f"could not generate a verified game for {name}")
 
 
-def generate(out_dir: Path, counts: Optional[dict] = None, *, keep_existing: bool = False) -> list[Path]:
+def generate(out_dir: Path, counts: Optional[dict] = None, *, keep_existing: bool = False, rooms: int = 0) -> list[Path]:
     """Write ``counts[split]`` games (default :data:`SPLIT_COUNTS`: the bundled set) of every task type
     in each of its layouts of that split (seen layouts for train and valid_seen, unseen ones for
     valid_unseen) under ``out_dir/<split>/``. With ``keep_existing``, a game file already there is
-    kept (a cache of generated games is filled once)."""
+    kept (a cache of generated games is filled once). ``rooms`` adds that many drawn rooms of each
+    kind (:func:`drawn_layout`) to the train split's layouts."""
     from twice_envs.trajectory import atomic_write_text
 
     counts = SPLIT_COUNTS if counts is None else counts
+    drawn = drawn_rooms(rooms)
     written = []
     for task_type in TASK_TYPES:
         seen, unseen = TASK_LAYOUTS[task_type]
         for split, count in counts.items():
-            for layout_name in unseen if split == "valid_unseen" else seen:
+            layouts = unseen if split == "valid_unseen" else seen
+            if split == "train":
+                layouts = tuple(layouts) + tuple(name for name, tasks in drawn.items() if task_type in tasks)
+            for layout_name in layouts:
                 for k in range(count):
                     path = out_dir / split / f"{game_name(task_type, layout_name, split, k)}.json"
                     if not (keep_existing and path.is_file()):
@@ -426,15 +530,18 @@ def generate(out_dir: Path, counts: Optional[dict] = None, *, keep_existing: boo
     return written
 
 
-def generated_collection(split: str, count: int) -> Path:
+def generated_collection(split: str, count: int, rooms: int = 0) -> Path:
     """A cache folder of ``count`` generated games per task type and layout of ``split`` (written on
-    first use, a few seconds per 10 games), to pass as ``make("ALFWorld-v0", data_dir=...)``."""
+    first use, a few seconds per 10 games), to pass as ``make("ALFWorld-v0", data_dir=...)``;
+    ``rooms`` drawn rooms of each kind join the train split's layouts (:func:`generate`)."""
     from twice_envs._cache import cache_dir
 
     if split not in SPLIT_COUNTS or int(count) < 1:
         raise ValueError(f"need a split of {tuple(SPLIT_COUNTS)} and a positive count, got {split!r}, {count!r}")
-    folder = cache_dir("alfworld", "generated", f"{split}-{int(count)}")
-    generate(folder, {split: int(count)}, keep_existing=True)
+    if int(rooms) < 0 or (rooms and split != "train"):
+        raise ValueError(f"drawn rooms are for the train split only and cannot be negative, got {split!r}, rooms={rooms!r}")
+    folder = cache_dir("alfworld", "generated", f"{split}-{int(count)}" + (f"-rooms{int(rooms)}" if rooms else ""))
+    generate(folder, {split: int(count)}, keep_existing=True, rooms=int(rooms))
     return folder
 
 
@@ -446,11 +553,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--split", choices=tuple(SPLIT_COUNTS), default=None,
                         help="write only this split (default: the bundled set of every split)")
     parser.add_argument("--count", type=int, default=None, help="games per task type and layout (with --split)")
+    parser.add_argument("--rooms", type=int, default=0, help="drawn training rooms of each kind (with --split train)")
     args = parser.parse_args(argv)
     if args.count is not None and (args.split is None or args.count < 1):
         parser.error("--count needs --split and a positive number")
+    if args.rooms and (args.split != "train" or args.rooms < 0):
+        parser.error("--rooms needs --split train and a positive number")
     counts = None if args.split is None else {args.split: args.count or SPLIT_COUNTS[args.split]}
-    paths = generate(Path(args.out), counts)
+    paths = generate(Path(args.out), counts, rooms=args.rooms)
     print(f"wrote {len(paths)} games under {args.out}")
     return 0
 
