@@ -130,3 +130,26 @@ def test_renumbered_copies_permute_instance_numbers_consistently_and_keep_the_pl
     marks = [[isinstance(a, Mistake) for a, _o in turns] for _first, turns in episodes]
     assert any(any(m) for m in marks)
     assert [[isinstance(a, Mistake) for a, _o in turns] for _first, turns in copies] == [m for m in marks for _ in range(2)]
+
+
+def test_notes_name_the_object_to_find_then_where_it_goes():
+    from twice_envs.envs.alfworld.scripted import task_note
+
+    env = twice_envs.make("ALFWorld-v0", task_types=["pick_two_obj_and_place"])
+    rng = np.random.default_rng(0)
+    env.reset(seed=0)
+    params = env.unwrapped.game.pddl_params
+    obj, target = params["object_target"].lower(), params["parent_target"].lower()
+    assert obj in env.unwrapped.game.goal and target in env.unwrapped.game.goal  # the note reads only the task
+    notes, term = [], False
+    while not term and len(notes) < 30:
+        turn = scripted_turns(env, rng, skill=1.0, notes=True)
+        assert turn.startswith("<think>") and turn.endswith("</action>")
+        notes.append(turn.split("</think>")[0].removeprefix("<think>"))
+        _, _, term, _, info = env.step(turn)
+        assert not info["invalid"]
+    assert term
+    # find, carry, find the second, carry it: the note follows what the engine said was picked up and put down
+    phases = [n for k, n in enumerate(notes) if k == 0 or n != notes[k - 1]]
+    assert phases == [f"find {obj}", f"{obj} to {target}", f"find {obj}", f"{obj} to {target}"]
+    assert task_note(env) == f"find {obj}"

@@ -6,7 +6,9 @@ their outcomes vary. The expert is the engine's planner (optimal, but it knows w
 object is) or, in a share ``handcoded`` of the episodes, ALFWorld's hand-coded expert
 (which searches receptacles one by one, as an agent that sees only the text must). With
 ``tagged=True`` the command is written in the env's turn format (``<action>...</action>``),
-as a model imitating it should write it.
+as a model imitating it should write it; with ``notes=True`` a short note of what the agent is
+after comes first (``<think>find apple</think><action>go to fridge 1</action>``: the env reads
+only the action).
 
 ``renumbered_copies`` (the transcript augmenter of ``twice models build-tiny``) writes copies
 of such episodes with the instance numbers of receptacles and objects permuted.
@@ -29,16 +31,43 @@ _EPISODE_EXPERT: dict[int, str] = {}
 
 
 def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0, tagged: bool = False,
-                   handcoded: float = 0.0) -> str:
+                   handcoded: float = 0.0, notes: bool = False) -> str:
     """An expert's command with probability ``skill``, else a random admissible one (marked as a
     :class:`~twice_envs.envs.mistakes.Mistake`); the expert
     of an episode is the hand-coded one with probability ``handcoded`` (drawn at its first turn),
-    else the planner."""
+    else the planner. With ``notes`` (implies ``tagged``) the command follows a short note of
+    what the agent is after (:func:`task_note`), ``<think>find apple</think><action>...</action>``."""
     if env.turn == 0 or id(env) not in _EPISODE_EXPERT:
         _EPISODE_EXPERT[id(env)] = "handcoded" if handcoded > 0 and rng.random() < handcoded else "planner"
     command = _command(env, rng, skill, _EPISODE_EXPERT[id(env)])
-    text = as_turn(command) if tagged else command
+    text = as_turn(command) if tagged or notes else command
+    if notes:
+        text = f"<think>{task_note(env)}</think>{text}"
     return Mistake(text) if isinstance(command, Mistake) else text
+
+
+def task_note(env) -> str:
+    """What the agent is after, read from what it has seen: ``find <object>`` until it holds the
+    task's object, then ``<object> to <target>`` (the receptacle, or the lamp of a look-at task).
+
+    Everything in it is in the agent's context (the task sentence names the object and the target,
+    and the engine says when the agent picks an object up or puts it down), so a model imitating
+    such notes can write them itself; they put the object's name right before the command that
+    must name it.
+    """
+    base = getattr(env, "unwrapped", env)
+    params = base.game.pddl_params if base.game is not None else {}
+    obj = str(params.get("object_target") or "").lower()
+    target = str(params.get("parent_target") or params.get("toggle_target") or "").lower()
+    if not obj:
+        return "explore"
+    holding = False
+    for text in base.trajectory.observations[1:]:
+        if re.match(rf"You pick up the {re.escape(obj)} \d+", text):
+            holding = True
+        elif re.match(rf"You (?:move|put) the {re.escape(obj)} \d+", text):
+            holding = False
+    return f"{obj} to {target}" if holding and target else f"find {obj}"
 
 
 def _expert(kind: str):
