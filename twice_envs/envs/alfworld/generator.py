@@ -187,14 +187,6 @@ ROOM_KINDS: dict[str, tuple[dict[str, tuple[int, int]], tuple[str, ...]]] = {
         LAYOUTS["livingroom"].objects,
     ),
 }
-#: Task types played in each room kind (those its appliances and objects allow).
-KIND_TASKS: dict[str, tuple[str, ...]] = {
-    "kitchen": ("pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_heat_then_place_in_recep",
-                "pick_cool_then_place_in_recep", "pick_two_obj_and_place"),
-    "bathroom": ("pick_and_place_simple", "pick_clean_then_place_in_recep", "pick_two_obj_and_place"),
-    "bedroom": ("pick_and_place_simple", "look_at_obj_in_light", "pick_two_obj_and_place"),
-    "livingroom": ("pick_and_place_simple", "look_at_obj_in_light", "pick_two_obj_and_place"),
-}
 _HELD_OUT_ROOMS = {
     frozenset(LAYOUTS[name].receptacles) for _, unseen in TASK_LAYOUTS.values() for name in unseen
 }
@@ -226,13 +218,10 @@ def drawn_layout(name: str) -> Layout:
 
 
 def drawn_rooms(rooms: int) -> dict[str, tuple[str, ...]]:
-    """Names of ``rooms`` drawn training rooms of every kind, with the task types each can play."""
-    out = {}
-    for kind in ROOM_KINDS:
-        for i in range(int(rooms)):
-            name = f"{kind}-room{i}"
-            out[name] = tuple(t for t in KIND_TASKS[kind] if playable(t, drawn_layout(name)))
-    return out
+    """Names of ``rooms`` drawn training rooms of every kind, with the task types each can play
+    (:func:`playable`: a kitchen has no lamp, a bathroom no microwave or fridge, ...)."""
+    names = [f"{kind}-room{i}" for kind in ROOM_KINDS for i in range(int(rooms))]
+    return {name: tuple(t for t in TASK_TYPES if playable(t, drawn_layout(name))) for name in names}
 
 
 def layout_named(name: str) -> Layout:
