@@ -141,7 +141,10 @@ def test_generator_is_deterministic_and_loadable(tmp_path):
     assert a != catalogue_gen.generate(60, seed=4)
     products, attrs = a
     assert len({p["asin"] for p in products}) == 60
-    assert all(len(p["asin"]) == 10 for p in products)
+    assert all(len(p["asin"]) == 10 and p["asin"][:2] == "B0" for p in products)
+    # every character after 'B0' varies from product to product (ids that share a long prefix
+    # read alike on a results page)
+    assert all(len({p["asin"][k] for p in products}) >= 15 for k in range(2, 10))
     assert {p["category"] for p in products} == set(catalogue_gen.CATEGORIES)
     p_path, a_path = catalogue_gen.write(tmp_path, 60, 3)
     env = twice_envs.make("WebShop-v0", products_path=str(p_path), attributes_path=str(a_path),

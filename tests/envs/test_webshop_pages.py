@@ -85,6 +85,28 @@ def test_done_page_and_options(env):
     assert (d["attribute_matches"], d["option_matches"], d["price_ok"], d["r_type"]) == (1, 0, True, 1.0)
 
 
+def test_show_admissible_lists_each_element_as_the_page_shows_it(tmp_path):
+    env = twice_envs.make("WebShop-v0", show_admissible=True, **write_shop(tmp_path))
+    obs, info = env.reset(seed=0, options={"goal": 0})
+    assert obs == f"WebShop [SEP] Instruction: [SEP] {INS} [SEP] Search\n\nAdmissible actions: search[<query>]."
+    obs, *_ = env.step("search[Shampoo]")
+    assert obs == (f"{RESULTS_1}\n\nAdmissible actions: click[Back to Search], click[Next >], "
+                   "click[B0TESTAAA1], click[B0TESTBBB2].")
+    obs, _, _, _, info = env.step("click[B0TESTAAA1]")
+    shown = ("click[Back to Search], click[< Prev], click[Description], click[Features], click[Reviews], "
+             "click[Buy Now], click[navy | blue], click[red], click[small], click[large]")
+    assert obs == f"{ITEM}\n\nAdmissible actions: {shown}."
+    # the same actions as info lists them (lower case, as the env reads them)
+    assert [a.lower() for a in shown.split(", ")] == info["admissible_actions"] == ITEM_ACTIONS
+    obs, *_ = env.step("click[nothing]")  # an invalid action shows the page and its list again
+    assert obs == f"Invalid action: 'nothing' is not a clickable element of this page [SEP] {ITEM}\n\nAdmissible actions: {shown}."
+    obs, _, term, _, _ = env.step("click[Buy Now]")
+    assert term and "Admissible" not in obs  # the done page has no actions
+    assert twice_envs.replay(env.trajectory, trusted=True).trajectory.observations == env.trajectory.observations
+    with pytest.raises(ValueError, match="show_admissible"):
+        twice_envs.make("WebShop-v0", show_admissible=1, **write_shop(tmp_path))
+
+
 def test_attributes_page(tmp_path):
     env = twice_envs.make("WebShop-v0", show_attrs=True, **write_shop(tmp_path))
     env.reset(seed=0, options={"goal": 0})

@@ -213,15 +213,21 @@ def _sample(rng: random.Random, pool: tuple[str, ...], k: int) -> list[str]:
     return [pool[i] for i in sorted(picked)]
 
 
-def _asin(i: int, seed: int) -> str:
-    # 10 characters like a real ASIN: 'B0' + 8 base-36 digits, unique per (i, seed).
-    n = (i * 7919 + seed * 1_000_003) % (36**8)
+def _asins(n: int, seed: int) -> list[str]:
+    """``n`` distinct ids of 10 characters like real ASINs: 'B0' + 8 base-36 digits drawn at random
+    (from a generator of their own, so the products' other draws do not depend on them). Every
+    character varies from product to product, as in real ids: ids that share a long prefix
+    ('B00000...') read alike on a results page, which makes a listed id hard to copy."""
+    rng = random.Random(f"asins-{seed}")
     digits = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ"
     out = []
-    for _ in range(8):
-        n, r = divmod(n, 36)
-        out.append(digits[r])
-    return "B0" + "".join(reversed(out))
+    for k in rng.sample(range(36**8), n):
+        chars = []
+        for _ in range(8):
+            k, r = divmod(k, 36)
+            chars.append(digits[r])
+        out.append("B0" + "".join(reversed(chars)))
+    return out
 
 
 def _money(x: float) -> str:
@@ -232,15 +238,16 @@ def generate(num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED) -> 
     """``(products, attributes)`` in the original file formats (see the module docstring)."""
     if num_products < 1:
         raise ValueError(f"num_products must be >= 1, got {num_products}")
-    if num_products > 36**8 // 7919:
-        raise ValueError(f"num_products is at most {36**8 // 7919}")
+    if num_products > 10**7:
+        raise ValueError(f"num_products is at most {10**7}")
     rng = random.Random(seed)
+    asins = _asins(num_products, seed)
     types = [(cat, t) for cat in CATEGORIES for t in CATEGORIES[cat]]
     products: list[dict] = []
     attrs: dict[str, dict] = {}
     for i in range(num_products):
         category, pt = types[i % len(types)] if i < len(types) else types[rng.randrange(len(types))]
-        asin = _asin(i, seed)
+        asin = asins[i]
         brand = _brand(rng)
         descriptor = pt.descriptors[rng.randrange(len(pt.descriptors))]
         p_attrs = _sample(rng, pt.attributes, 2 + rng.randrange(3))

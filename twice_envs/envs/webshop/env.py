@@ -90,6 +90,11 @@ class WebShopEnv(TextEnv):
         price_seed: names the prices drawn inside price ranges and the goals' price caps.
         catalogue_seed: seed of the generated catalogue.
         show_attrs: show the item page's ``Attributes`` button (off in the original).
+        show_admissible: end every observation with the admissible actions, each element
+            written as the page shows it (``"\\n\\nAdmissible actions: search[<query>],
+            click[Back to Search], click[B0M8YZRXRB], ..."``), as prompts for LLM agents
+            often list them; the done page has none and is left as is. Off by default
+            (the original's text).
         search_anywhere: accept ``search[...]`` on every page, as the original's text env
             does; by default only on the page with the search bar.
         invalid_feedback: say why an action was invalid before the page text (otherwise
@@ -117,6 +122,7 @@ class WebShopEnv(TextEnv):
         price_seed: int = 0,
         catalogue_seed: int = 0,
         show_attrs: bool = False,
+        show_admissible: bool = False,
         search_anywhere: bool = False,
         invalid_feedback: bool = True,
         max_query_chars: int = 500,
@@ -136,6 +142,9 @@ class WebShopEnv(TextEnv):
         self.split = split
         self.price_seed = int(price_seed)
         self.show_attrs = bool(show_attrs)
+        if not isinstance(show_admissible, bool):
+            raise ValueError(f"show_admissible must be True or False, got {show_admissible!r}")
+        self.show_admissible = show_admissible
         self.search_anywhere = bool(search_anywhere)
         self.invalid_feedback = bool(invalid_feedback)
         self.max_query_chars = int(max_query_chars)
@@ -225,7 +234,14 @@ class WebShopEnv(TextEnv):
             idx = goals.sample(self.np_random, options.get("split", self.split))
         self._goal = goals[idx]
         obs = self._set(idx, "search")
-        return obs, self._info()
+        return self._shown(obs), self._info()
+
+    def _shown(self, obs: str) -> str:
+        """The observation as the agent sees it (with the admissible actions when asked)."""
+        if not self.show_admissible:
+            return obs
+        acts = pages.admissible(self._state[10], pages.clickable_map(list(self._state[9])), as_shown=True)
+        return f"{obs}{pages.ADMISSIBLE_HEADER}{', '.join(acts)}." if acts else obs
 
     # ------------------------------------------------------------------ dynamics
     def _invalid(self, reason: str) -> tuple[str, float, bool, dict]:
@@ -237,6 +253,10 @@ class WebShopEnv(TextEnv):
         return obs, 0.0, False, info
 
     def _step(self, action: str) -> tuple[str, float, bool, dict]:
+        obs, reward, terminated, info = self._act(action)
+        return self._shown(obs), reward, terminated, info
+
+    def _act(self, action: str) -> tuple[str, float, bool, dict]:
         parsed = parse_action(action)
         if parsed is None:
             return self._invalid("no action found; write search[<query>] or click[<element>]")

@@ -144,8 +144,19 @@ def clickable_map(clicks: list[tuple[str, Clickable]]) -> dict[str, Clickable]:
     return out
 
 
-def admissible(has_search_bar: bool, clicks: dict[str, Clickable]) -> list[str]:
-    """``info["admissible_actions"]``: ``search[<query>]`` where there is a search bar, then clicks."""
+def admissible(has_search_bar: bool, clicks: dict[str, Clickable], *, as_shown: bool = False) -> list[str]:
+    """``info["admissible_actions"]``: ``search[<query>]`` where there is a search bar, then clicks
+    (lower case, as the env reads them; ``as_shown``: each element written as the page shows it)."""
     acts = ["search[<query>]"] if has_search_bar else []
-    acts += [f"click[{k}]" for k in clicks if k != "search"]
+    acts += [f"click[{c.label if as_shown else k}]" for k, c in clicks.items() if k != "search"]
     return acts
+
+
+#: What starts the list of admissible actions that ``WebShopEnv(show_admissible=True)`` ends its
+#: observations with.
+ADMISSIBLE_HEADER = "\n\nAdmissible actions: "
+
+
+def page_text(obs: str) -> str:
+    """The page of an observation, without the list of admissible actions if it ends with one."""
+    return obs.split(ADMISSIBLE_HEADER, 1)[0]
