@@ -50,17 +50,19 @@ class GameSetting:
 GAMES: dict[str, GameSetting] = {
     "ALFWorld-v0": GameSetting("tiny-alfworld", {"show_admissible": True}, {"split": "valid_unseen"}, None, 12, 24,
                                heldout_games=4),
-    "WebShop-v0": GameSetting("tiny-webshop", {}, {}, "test", 6, 48),
+    "WebShop-v0": GameSetting("tiny-webshop", {"show_admissible": True}, {}, "test", 6, 48),
 }
 
 
-def heldout_tasks(env_id: str, n: Optional[int] = None) -> tuple[list, list[str], dict]:
+def heldout_tasks(env_id: str, n: Optional[int] = None,
+                  setting: Optional[GameSetting] = None) -> tuple[list, list[str], dict]:
     """``(tasks, task types, env kwargs)`` of the held-out set of ``env_id`` (``n`` tasks: WebShop's first
-    ``n`` test goals (default 100), ``n`` ALFWorld games spread over the sorted list (default all))."""
+    ``n`` test goals (default 100), ``n`` ALFWorld games spread over the sorted list (default all)),
+    played as ``setting`` says (default: ``GAMES[env_id]``)."""
     import twice_envs
     from twice_envs.agents.rollout import Task
 
-    setting = GAMES[env_id]
+    setting = setting or GAMES[env_id]
     kwargs = {**setting.env_kwargs, **setting.heldout_kwargs}
     if setting.heldout_games and env_id.startswith("ALFWorld"):
         from twice_envs.envs.alfworld.generator import generated_collection
@@ -129,7 +131,7 @@ def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int]
     from twice_envs.agents.rollout import rollout
 
     setting = setting or GAMES[env_id]
-    task_list, types, kwargs = heldout_tasks(env_id, tasks)
+    task_list, types, kwargs = heldout_tasks(env_id, tasks, setting)
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=setting.max_new_tokens)
     eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
                   noise_seed=noise_seed, max_turns=setting.max_turns, window=setting.window)

@@ -132,6 +132,11 @@ class TinyModelConfig:
     """Run the copying warm-up on a model of this many layers (0: all ``num_layers``), then stack
     the remaining layers on top with zeroed output projections, so the full model starts out
     computing what the warmed-up one does. Induction heads form far sooner in two layers."""
+    copy_id_steps: int = 0
+    """Optimiser steps of a second copying drill, after the first, whose runs draw half their
+    tokens from the ids that have a token of their own (``id_tokens``) and half from the first
+    drill's alphabet: the heads the first drill formed then copy those ids too, which the
+    transcripts alone (each id seen a few dozen times) did not teach them."""
     steps: int = 500
     """Optimiser steps of supervised training."""
     length_buckets: bool = False
@@ -211,9 +216,10 @@ RECIPES: dict[str, TinyModelConfig] = {
     ),
     "webshop": TinyModelConfig(
         envs=("WebShop-v0",), episodes_per_env=600, episodes_by_env={}, skill_range=(0.5, 1.0), max_turns=6,
-        reset_options={"WebShop-v0": {"split": "train"}}, vocab_size=2048, num_kv_heads=4, max_len=1536,
-        context_loss_weight=0.05,
-        end_turns=True, copy_steps=4000, copy_vocab=512, copy_layers=2, steps=1000, batch_size=4, length_buckets=True, threads=1,
+        env_kwargs={"WebShop-v0": {"show_admissible": True}},
+        reset_options={"WebShop-v0": {"split": "train"}}, vocab_size=2048, id_tokens=True, num_kv_heads=4, max_len=1536,
+        context_loss_weight=0.05, end_turns=True, copy_steps=4000, copy_vocab=512, copy_layers=2, copy_id_steps=800,
+        steps=1000, batch_size=4, length_buckets=True, threads=1,
     ),
 }
 
@@ -258,7 +264,8 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
             texts += [a, o]
     if cfg.tokenizer_corpus:
         texts += corpus_texts(envs)
-    tokenizer = train_tokenizer(texts, cfg.vocab_size, entity_ids(envs) if cfg.id_tokens else ())
+    whole = sorted(set(entity_ids(envs))) if cfg.id_tokens else []
+    tokenizer = train_tokenizer(texts, cfg.vocab_size, whole)
     seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window,
                          cfg.mistake_weight)
     n_tok = sum(len(s) for s, _ in seqs)
@@ -301,6 +308,16 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
             log(f"copying warm-up: {cfg.copy_steps} steps, {warm.config.num_hidden_layers} layers")
             train_sft(warm, copy_seqs, steps=cfg.copy_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                       log=log, pad_id=tokenizer.pad_token_id, stop_loss=0.1)
+            if cfg.copy_id_steps and whole:
+                # as many draws of the id tokens as of the first drill's alphabet
+                letters = list(range(len(SPECIAL_TOKENS), cfg.copy_vocab or len(tokenizer) - len(whole)))
+                ids = tokenizer.convert_tokens_to_ids(whole)
+                alphabet = letters + ids * max(1, round(len(letters) / len(ids)))
+                log(f"copying drill over {len(ids)} id tokens: {cfg.copy_id_steps} steps")
+                train_sft(warm, copy_sequences(0, 4 * cfg.copy_id_steps * cfg.batch_size, cfg.copy_length, seed=cfg.seed + 1,
+                                               alphabet=alphabet),
+                          steps=cfg.copy_id_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed + 1, log=log,
+                          pad_id=tokenizer.pad_token_id)
             if warm is not model:
                 stack_layers(model, warm)
         train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,

@@ -91,12 +91,17 @@ def stack_layers(model, bottom) -> None:
 
 
 def copy_sequences(vocab_size: int, n: int, length: tuple[int, int], *, first_id: int = 0,
-                   seed: int = 0) -> list[tuple[list[int], list[float]]]:
-    """``n`` sequences ``x + x`` of random token runs ``x``, scored on the repeat (after its first token)."""
+                   seed: int = 0, alphabet: Optional[Sequence[int]] = None) -> list[tuple[list[int], list[float]]]:
+    """``n`` sequences ``x + x`` of random token runs ``x``, scored on the repeat (after its first token).
+
+    The runs draw from ids ``first_id .. vocab_size - 1``, or from ``alphabet`` when given."""
     rng = np.random.default_rng([seed, 0xC0B7])
+    pool = np.asarray(alphabet if alphabet is not None else range(first_id, vocab_size), dtype=np.int64)
+    if pool.size == 0:
+        raise ValueError("copy_sequences needs a non-empty alphabet")
     out = []
     for _ in range(n):
-        x = rng.integers(first_id, vocab_size, size=int(rng.integers(length[0], length[1] + 1))).tolist()
+        x = pool[rng.integers(0, pool.size, size=int(rng.integers(length[0], length[1] + 1)))].tolist()
         out.append((x + x, [0.0] * (len(x) + 1) + [1.0] * (len(x) - 1)))
     return out
 

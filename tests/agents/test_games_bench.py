@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -59,6 +60,10 @@ def test_heldout_tasks_are_the_unseen_games_and_the_test_goals():
                           "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"}
     tasks, types, _ = gb.heldout_tasks("WebShop-v0", 5)
     assert [t.options for t in tasks] == [{"split": "test", "index": i} for i in range(5)] and len(types) == 5
+    # a setting of its own plays the same tasks with its own env kwargs
+    plain = replace(gb.GAMES["WebShop-v0"], env_kwargs={})
+    again, _, kwargs = gb.heldout_tasks("WebShop-v0", 5, plain)
+    assert again == tasks and kwargs == {}
 
 
 def test_bench_games_smoke(tmp_path):

@@ -422,6 +422,40 @@ def test_copy_warm_up_draws_its_runs_from_copy_vocab_ids(monkeypatch, tmp_path):
     assert seen == [TEST_CONFIG.vocab_size, 100]  # 0: the whole vocabulary
 
 
+def test_copy_sequences_draw_from_a_given_alphabet():
+    seqs = models.copy_sequences(0, 200, (4, 9), seed=2, alphabet=[7, 900, 901])
+    assert {t for ids, _ in seqs for t in ids} == {7, 900, 901}
+    with pytest.raises(ValueError, match="alphabet"):
+        models.copy_sequences(0, 1, (4, 9), alphabet=[])
+
+
+def test_the_id_drill_copies_runs_of_the_id_tokens_after_the_first_drill(monkeypatch, tmp_path):
+    calls = []
+
+    class Stop(Exception):
+        pass
+
+    real = recipes.copy_sequences
+
+    def capture(vocab_size, n, length, **kwargs):
+        calls.append(kwargs.get("alphabet"))
+        if len(calls) == 2:
+            raise Stop
+        return real(vocab_size, n, length, **kwargs)
+
+    ids = [f"ZQ{k:08d}" for k in range(20)]
+    monkeypatch.setattr(recipes, "copy_sequences", capture)
+    monkeypatch.setattr(recipes, "entity_ids", lambda envs: ids)
+    cfg = replace(TEST_CONFIG, id_tokens=True, copy_steps=2, copy_vocab=100, copy_id_steps=3)
+    with pytest.raises(Stop):
+        models.build_tiny(tmp_path / "m", cfg, progress=False, recipe="test")
+    first, drill = calls
+    assert first is None  # the first drill: ids 3 .. copy_vocab - 1
+    id_range = set(range(cfg.vocab_size, cfg.vocab_size + len(ids)))
+    assert set(drill) == set(range(3, 100)) | id_range
+    assert sum(t in id_range for t in drill) >= len(drill) // 2 - len(ids)  # about half the draws are ids
+
+
 @pytest.mark.parametrize("recipe_name", ["webshop", "alfworld"])
 def test_the_shipped_game_model_is_its_recipe(recipe_name):
     import json

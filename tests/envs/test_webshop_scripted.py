@@ -49,7 +49,7 @@ def test_clicks_are_written_as_the_page_shows_them():
                 seen.append(element)
                 assert element in page.split(" [SEP] "), (element, page)
             done = term or trunc
-    assert any(e[:1] == "B" and e.isupper() for e in seen)  # a product id, as shown: B00000J0CW
+    assert any(e[:1] == "B" and e.isupper() for e in seen)  # a product id, as shown: B0V1096J0Q
     assert "Buy Now" in seen
 
 

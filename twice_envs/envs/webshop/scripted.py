@@ -1,7 +1,7 @@
 """Reference agents for WebShop: a scripted shopper and a random one.
 
 Both read only what an agent sees (the observation and ``info``), never the goal. Both write
-a click as the page shows the element (``click[B00000J0CW]``, ``click[Buy Now]``), not as
+a click as the page shows the element (``click[B0V1096J0Q]``, ``click[Buy Now]``), not as
 ``admissible_actions`` lists it (lower case): the env lower-cases arguments, and a model
 trained on these transcripts can then copy the element from the page.
 
