@@ -179,9 +179,9 @@ class TinyModelConfig:
 #:   electronics 72.0%, fashion 61.6%, beauty 66.6%, grocery 65.0%), success 8/400 [1.0%,
 #:   3.9%]. Without the id drill: 48.0% valid (50 goals x 2); with each transcript also in a
 #:   copy whose ids are swapped for other catalogue ids: 28.5% (without the drill) and 40.6%
-#:   (with it); with the list but ids cut into ordinary BPE tokens: 20.2%. Its invalid turns are mostly clicks on an id that is not on the page: teacher-
-#:   forced on expert episodes of 30 test goals, it puts 92% of its probability on id tokens at
-#:   a product click but only 46% on the ids listed (12% on the right one), so it still recalls
+#:   (with it); with the list but ids cut into ordinary BPE tokens: 20.2%. Its invalid turns
+#:   are mostly clicks on an id that is not on the page: teacher-forced on expert episodes of
+#:   30 test goals, it puts 92% of its probability on id tokens at a product click but only 46% on the ids listed (12% on the right one), so it still recalls
 #:   ids from training more than it copies them. The build before it (no list, ids sharing a
 #:   ``B00000`` prefix) wrote 28% valid turns and succeeded 0/400.
 #: * ``alfworld`` (the shipped ``tiny-alfworld`` model): 47.8 minutes (2,869 s) on one core, a

@@ -25,6 +25,7 @@ from typing import Optional, Sequence, Union
 
 from twice_envs.core import Protocol, TextEnv
 from twice_envs.errors import DataFormatError, TwiceError
+from twice_envs.envs.admissible import with_actions
 from twice_envs.envs.alfworld import engine as _engine
 from twice_envs.envs.alfworld.games import GameEntry, list_games, load_game, resolve_task_types
 
@@ -189,7 +190,7 @@ class ALFWorldEnv(TextEnv):
         """The observation as the agent sees it (with the admissible commands when asked)."""
         if not self.show_admissible:
             return obs
-        return f"{obs}\n\nAdmissible actions: {', '.join(info['admissible_actions'])}."
+        return with_actions(obs, info["admissible_actions"])
 
     def close(self) -> None:
         """Give the engine back to the process pool."""

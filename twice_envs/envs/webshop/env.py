@@ -27,6 +27,7 @@ import re
 from typing import Any, Optional
 
 from twice_envs.core import Protocol, TextEnv
+from twice_envs.envs.admissible import with_actions
 from twice_envs.envs.webshop import pages
 from twice_envs.envs.webshop.goals import SPLITS, Goal, product_price
 from twice_envs.envs.webshop.resources import Resources, get_resources
@@ -92,7 +93,7 @@ class WebShopEnv(TextEnv):
         show_attrs: show the item page's ``Attributes`` button (off in the original).
         show_admissible: end every observation with the admissible actions, each element
             written as the page shows it (``"\\n\\nAdmissible actions: search[<query>],
-            click[Back to Search], click[B0M8YZRXRB], ..."``), as prompts for LLM agents
+            click[Back to Search], click[B0V1096J0Q], ..."``), as prompts for LLM agents
             often list them; the done page has none and is left as is. Off by default
             (the original's text).
         search_anywhere: accept ``search[...]`` on every page, as the original's text env
@@ -241,7 +242,7 @@ class WebShopEnv(TextEnv):
         if not self.show_admissible:
             return obs
         acts = pages.admissible(self._state[10], pages.clickable_map(list(self._state[9])), as_shown=True)
-        return f"{obs}{pages.ADMISSIBLE_HEADER}{', '.join(acts)}." if acts else obs
+        return with_actions(obs, acts) if acts else obs
 
     # ------------------------------------------------------------------ dynamics
     def _invalid(self, reason: str) -> tuple[str, float, bool, dict]:

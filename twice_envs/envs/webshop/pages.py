@@ -151,12 +151,3 @@ def admissible(has_search_bar: bool, clicks: dict[str, Clickable], *, as_shown: 
     acts += [f"click[{c.label if as_shown else k}]" for k, c in clicks.items() if k != "search"]
     return acts
 
-
-#: What starts the list of admissible actions that ``WebShopEnv(show_admissible=True)`` ends its
-#: observations with.
-ADMISSIBLE_HEADER = "\n\nAdmissible actions: "
-
-
-def page_text(obs: str) -> str:
-    """The page of an observation, without the list of admissible actions if it ends with one."""
-    return obs.split(ADMISSIBLE_HEADER, 1)[0]

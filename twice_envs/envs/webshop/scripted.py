@@ -24,8 +24,9 @@ from typing import Optional
 
 import numpy as np
 
+from twice_envs.envs.admissible import without_actions
 from twice_envs.envs.mistakes import Mistake, marked_like
-from twice_envs.envs.webshop.pages import SEP, page_text
+from twice_envs.envs.webshop.pages import SEP
 
 
 def _clicks(info: dict) -> list[str]:
@@ -42,7 +43,7 @@ def _option_values(info: dict) -> list[str]:
 
 def _click(obs: str, element: str) -> str:
     """``click[element]`` with ``element`` written as the page shows it (its case), where the page shows it."""
-    for seg in page_text(obs).split(SEP):
+    for seg in without_actions(obs).split(SEP):
         if seg.lower() == element:
             return f"click[{seg}]"
     return f"click[{element}]"
