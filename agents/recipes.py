@@ -178,8 +178,8 @@ class TinyModelConfig:
 #:   WebShop-v0 --eval-only --eval-samples 4``): 84.9% valid turns (furniture 79.7%,
 #:   electronics 85.9%, fashion 82.9%, beauty 86.7%, grocery 91.0%), success 144/400 [31.4%,
 #:   40.8%]. The build before it (600 transcripts, skill 0.5-1.0, 1,000 steps) wrote 65.1% valid
-#:   turns and succeeded 8/400 [1.0%, 3.9%]; this one with skill 0.5-1.0 succeeded 23/100
-#:   (85.6% valid) on 50 goals x 2, against 31/100 (83.0% valid) for the shipped build: a model
+#:   turns and succeeded 8/400 [1.0%, 3.9%]; this one with skill 0.5-1.0 succeeded 86/400
+#:   [17.8%, 25.8%] (84.4% valid): a model
 #:   repeats its teacher's mistakes at temperature 1, and within 6 turns the shopper succeeds
 #:   79.0% alone, 64.3% with skill 0.8-1.0 and 45.8% with 0.5-1.0. Without the id drill (600
 #:   transcripts): 48.0% valid (50 goals x 2); with ids cut into ordinary BPE tokens: 20.2%.
