@@ -114,6 +114,26 @@ def test_a_short_recipe_builds_the_same_bytes_twice(tmp_path):
     assert not models.same_build(a, c)
 
 
+def test_a_recipe_continues_from_the_build_of_another(tmp_path, monkeypatch):
+    # start_from: the base recipe is built into the cache once, and the continuation keeps its
+    # tokenizer and trains its weights further on transcripts of its own seed
+    monkeypatch.setattr(recipes, "models_dir", lambda: tmp_path)
+    base_cfg = replace(TEST_CONFIG, steps=6)
+    monkeypatch.setitem(recipes.RECIPES, "test-base", base_cfg)
+    built = []
+    real_build = recipes.build_tiny
+    monkeypatch.setattr(recipes, "build_tiny", lambda *a, **k: built.append(k.get("recipe")) or real_build(*a, **k))
+    cfg = replace(TEST_CONFIG, start_from="test-base", seed=3, steps=6, vocab_size=400)
+    out = real_build(tmp_path / "more", cfg, progress=False, recipe="test")
+    base = tmp_path / "recipe-test-base"
+    assert built == ["test-base"] and models.tiny_is_current(base, "test-base")
+    assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
+    assert (out / "model.safetensors").read_bytes() != (base / "model.safetensors").read_bytes()
+    # the cached base is reused, and the continuation is as reproducible as any build
+    again = real_build(tmp_path / "again", cfg, progress=False, recipe="test")
+    assert built == ["test-base"] and models.same_build(out, again)
+
+
 def test_the_shipped_tiny_model_is_the_default_recipe_of_this_version():
     import json
     from dataclasses import asdict
