@@ -15,7 +15,7 @@ from twice_envs.agents.model_dirs import SMOLLM2_NAME, models_dir
 
 
 def _model_name(recipe: str) -> str:
-    return next((n for n, r in recipes.NAMED_MODELS.items() if r == recipe), recipe)
+    return recipes.model_name(recipe) or recipe
 
 
 def _check(args, cfg, parser) -> int:

@@ -286,19 +286,19 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         per_env[env_id] = len(eps)
         episodes += eps
     log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")
-    texts = []
-    for first_obs, turns in episodes:
-        texts.append(first_obs)
-        for a, o in turns:
-            texts += [a, o]
-    if cfg.tokenizer_corpus:
-        texts += corpus_texts(envs)
     base = recipe_build(cfg.start_from, progress=progress) if cfg.start_from else None
-    whole = sorted(set(entity_ids(envs))) if cfg.id_tokens else []
+    whole = sorted(set(entity_ids(envs))) if cfg.id_tokens and base is None else []
     if base is not None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(base), local_files_only=True)
         log(f"continuing from {base}")
     else:
+        texts = []
+        for first_obs, turns in episodes:
+            texts.append(first_obs)
+            for a, o in turns:
+                texts += [a, o]
+        if cfg.tokenizer_corpus:
+            texts += corpus_texts(envs)
         tokenizer = train_tokenizer(texts, cfg.vocab_size, whole)
     seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window,
                          cfg.mistake_weight)
@@ -309,23 +309,22 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    mcfg = transformers.LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=max(2048, cfg.max_len * 4),
-        tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-    )
     if base is not None:
         model = transformers.LlamaForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
-        mcfg = model.config
     else:
+        mcfg = transformers.LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            num_key_value_heads=cfg.num_kv_heads,
+            max_position_embeddings=max(2048, cfg.max_len * 4),
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            bos_token_id=None,
+        )
         model = transformers.LlamaForCausalLM(mcfg)
         if cfg.embedding_std != mcfg.initializer_range:
             with torch.no_grad():
@@ -376,14 +375,19 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
 
 
 def recipe_build(recipe: str, *, progress: bool = True) -> Path:
-    """The folder of a current build of ``recipe``: the cached one, else the shipped one, else a
-    fresh build into the cache (a recipe that another one starts from need not be shipped)."""
-    cached = models_dir() / f"recipe-{recipe}"
-    for path in (models_dir() / next((n for n, r in NAMED_MODELS.items() if r == recipe), cached.name), cached,
-                 shipped_dir(recipe)):
+    """The folder of a current build of ``recipe``: the cached one (under its model name, else
+    ``recipe-NAME``), else the shipped one, else a fresh build into the cache (a recipe that
+    another one starts from need not be shipped)."""
+    cached = models_dir() / (model_name(recipe) or f"recipe-{recipe}")
+    for path in (cached, shipped_dir(recipe)):
         if path is not None and tiny_is_current(path, recipe):
             return path
     return build_tiny(cached, recipe=recipe, progress=progress)
+
+
+def model_name(recipe: str) -> Optional[str]:
+    """The model name (:data:`NAMED_MODELS`) that ``recipe`` builds, None when it builds none."""
+    return next((n for n, r in NAMED_MODELS.items() if r == recipe), None)
 
 
 def transcript_env_kwargs(cfg: TinyModelConfig, env_id: str) -> dict:
