@@ -172,10 +172,20 @@ class GamesBenchConfig:
     max_new_tokens: Optional[int] = None
     """Tokens per turn at most (None: the env's :data:`GAMES` setting)."""
 
+    def start_model(self, env_id: str) -> str:
+        """The start model of ``env_id`` (name or folder)."""
+        return (self.model or {}).get(env_id) or GAMES[env_id].model
+
     def setting(self, env_id: str) -> GameSetting:
-        """The env's :data:`GAMES` setting with this run's overrides."""
+        """The env's :data:`GAMES` setting with this run's overrides; the env is made with the kwargs
+        the start model was trained with (:func:`~twice_envs.agents.recipes.trained_env_kwargs`)."""
+        from twice_envs.agents.models import resolve_model_dir
+        from twice_envs.agents.recipes import trained_env_kwargs
+
         s = GAMES[env_id]
-        return replace(s, max_turns=self.max_turns or s.max_turns, max_new_tokens=self.max_new_tokens or s.max_new_tokens)
+        kwargs = {**s.env_kwargs, **trained_env_kwargs(resolve_model_dir(self.start_model(env_id)), env_id)}
+        return replace(s, env_kwargs=kwargs, max_turns=self.max_turns or s.max_turns,
+                       max_new_tokens=self.max_new_tokens or s.max_new_tokens)
 
 
 def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path):
@@ -197,7 +207,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     root = Path(cfg.out)
     results: dict = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}, "envs": {}}
     for env_id in cfg.envs:
-        model = (cfg.model or {}).get(env_id) or GAMES[env_id].model
+        model = cfg.start_model(env_id)
         start = load_policy(model)
         t0 = time.perf_counter()
         before = evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks, noise_seed=10**6,
@@ -325,7 +335,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from twice_envs.agents.models import load_policy
 
         for env_id in cfg.envs:
-            model = (cfg.model or {}).get(env_id) or GAMES[env_id].model
+            model = cfg.start_model(env_id)
             t0 = time.perf_counter()
             res = evaluate_game(load_policy(model), env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
                                 noise_seed=10**6, setting=cfg.setting(env_id))

@@ -415,6 +415,19 @@ def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
     return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
 
 
+def trained_env_kwargs(path: os.PathLike, env_id: str) -> dict:
+    """The ``twice_envs.make`` kwargs of ``env_id`` in the transcripts a tiny build at ``path`` was
+    trained on (``{}`` for other models and envs): play the env with them (``show_admissible``,
+    ``show_task``), as the model saw it in training."""
+    meta = Path(path) / "twice_model.json"
+    try:
+        info = json.loads(meta.read_text()) if meta.is_file() else {}
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{meta}: not a readable model description ({exc})") from exc
+    kwargs = (info.get("config") or {}).get("env_kwargs") or {}
+    return dict(kwargs.get(env_id) or {})
+
+
 def same_build(a: os.PathLike, b: os.PathLike) -> bool:
     """Whether two tiny builds hold the same bytes in :data:`TINY_FILES`."""
     import hashlib

@@ -66,23 +66,33 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-turns", type=int, default=None)
+    parser.add_argument("--env-kwargs", default=None,
+                        help="JSON kwargs for the env (default: those a tiny model was trained with, e.g. "
+                             "show_admissible for tiny-alfworld)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
     args = parser.parse_args(argv)
 
-    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.models import load_policy, resolve_model_dir
     from twice_envs.agents.policy import SamplingConfig
+    from twice_envs.agents.recipes import trained_env_kwargs
     from twice_envs.agents.rollout import Task, rollout
 
     policy = load_policy(args.model, backend=args.backend, device=args.device)
+    if args.env_kwargs is None:
+        env_kwargs = trained_env_kwargs(resolve_model_dir(args.model), args.env)
+    else:
+        env_kwargs = json.loads(args.env_kwargs)
+        if not isinstance(env_kwargs, dict):
+            parser.error(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                               greedy=args.greedy)
     tasks = [Task(args.seed + i) for i in range(args.episodes)]
     t0 = time.perf_counter()
     episodes = rollout(policy, args.env, tasks, group_size=args.group, sampling=sampling, noise_seed=args.noise_seed,
-                       max_turns=args.max_turns)
+                       max_turns=args.max_turns, env_kwargs=env_kwargs)
     secs = time.perf_counter() - t0
     save_episodes(args.out, episodes)
     n_tok = sum(e.num_generated_tokens for e in episodes)

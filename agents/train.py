@@ -581,9 +581,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def train_main(argv: Sequence[str]) -> int:
-    """``twice train --env ENV --model MODEL --method {grpo,twice,crr,vineppo} [--ablation ...]``."""
+    """``twice train --env ENV --model MODEL --method {grpo,gigpo,twice,crr,vineppo} [--ablation ...]``."""
+    from twice_envs.agents.models import resolve_model_dir
+    from twice_envs.agents.recipes import trained_env_kwargs
+
     p = _parser("twice train")
-    p.description = "Train an agent with GRPO, Twice, CRR or VinePPO credit (CPU defaults for --model tiny)."
+    p.description = "Train an agent with GRPO, GiGPO, Twice, CRR or VinePPO credit (CPU defaults for --model tiny)."
     p.add_argument("--method", choices=METHODS, default="twice")
     p.add_argument("--ablation", action="append", default=[], choices=sorted(ABLATIONS),
                    help="a Twice ablation (repeatable)")
@@ -601,12 +604,17 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace a run already in the run directory")
     p.add_argument("--no-progress", action="store_true", help="no line per update on stderr")
     p.add_argument("--eval-every", type=int, default=None)
-    p.add_argument("--env-kwargs", default="{}", help="JSON kwargs for the env")
+    p.add_argument("--env-kwargs", default="{}",
+                   help="JSON kwargs for the env, over those a tiny model was trained with (e.g. show_admissible)")
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
     a = p.parse_args(argv)
     base = cpu_config() if a.model == "tiny" and not a.published else published_config()
+    user_kwargs = json.loads(a.env_kwargs)
+    if not isinstance(user_kwargs, dict):
+        p.error(f"--env-kwargs must be a JSON object, got {a.env_kwargs!r}")
+    env_kwargs = {**trained_env_kwargs(resolve_model_dir(a.model), a.env), **user_kwargs}
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
-                            "seed": a.seed, "env_kwargs": json.loads(a.env_kwargs),
+                            "seed": a.seed, "env_kwargs": env_kwargs,
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
                       ("lr", "lr"), ("max_new_tokens", "max_new_tokens"), ("eval_every", "eval_every"),

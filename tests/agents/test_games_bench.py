@@ -105,3 +105,17 @@ def test_games_play_each_model_as_its_recipe_trained_it(env_id, recipe):
     setting, cfg = gb.GAMES[env_id], RECIPES[recipe]
     assert setting.window == cfg.window and setting.max_turns == cfg.max_turns
     assert setting.env_kwargs == cfg.env_kwargs.get(env_id, {})
+
+
+def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
+    from twice_envs.agents.recipes import trained_env_kwargs
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "twice_model.json").write_text(json.dumps(
+        {"config": {"env_kwargs": {"ALFWorld-v0": {"show_admissible": True, "show_task": True}}}}))
+    cfg = gb.GamesBenchConfig(model={"ALFWorld-v0": str(tmp_path)})
+    assert cfg.setting("ALFWorld-v0").env_kwargs == {"show_admissible": True, "show_task": True}
+    assert trained_env_kwargs(tmp_path, "WebShop-v0") == {}
+    (tmp_path / "twice_model.json").write_text("{not json")
+    with pytest.raises(ValueError, match="twice_model.json"):
+        cfg.setting("ALFWorld-v0")

@@ -533,3 +533,17 @@ def test_alfworld_transcripts_play_the_generated_games_and_drawn_rooms_of_the_re
     assert kwargs == {"show_admissible": True, "data_dir": str(tmp_path)} and calls == [("train", 3, 5)]
     assert recipes.transcript_env_kwargs(replace(cfg, alfworld_games=0), "ALFWorld-v0") == {"show_admissible": True}
     assert len(calls) == 1
+
+
+def test_rollout_cli_plays_a_game_model_as_it_was_trained(tmp_path):
+    pytest.importorskip("alfworld")
+    out = tmp_path / "eps.jsonl"
+    args = ["--env", "ALFWorld-v0", "--model", "tiny-alfworld", "--episodes", "1", "--out", str(out),
+            "--max-new-tokens", "16", "--max-turns", "1"]
+    assert rollout_main(args) == 0
+    (ep,) = load_episodes(out)
+    assert "Admissible actions: " in ep.trajectory["observations"][0]  # show_admissible, from its recipe
+    assert rollout_main(args + ["--env-kwargs", "{}"]) == 0
+    assert "Admissible actions: " not in load_episodes(out)[0].trajectory["observations"][0]
+    with pytest.raises(SystemExit):
+        rollout_main(args + ["--env-kwargs", "[1]"])

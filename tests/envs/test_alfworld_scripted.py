@@ -29,6 +29,23 @@ def test_show_admissible_ends_each_observation_with_the_commands_and_replays():
         twice_envs.make("ALFWorld-v0", show_admissible="yes")
 
 
+def test_show_task_repeats_the_task_sentence_after_the_first_observation():
+    plain = twice_envs.make("ALFWorld-v0", show_admissible=True)
+    shown = twice_envs.make("ALFWorld-v0", show_admissible=True, show_task=True)
+    obs_p, info = plain.reset(seed=3)
+    obs_s, _ = shown.reset(seed=3)
+    assert obs_s == obs_p and f"Your task is to: {info['goal']}." in obs_s  # the first already holds it
+    for command in (info["admissible_actions"][0], "<action>fly away</action>"):  # a valid and an invalid turn
+        o1, *_ = plain.step(command)
+        o2, *_ = shown.step(command)
+        head, actions = o1.split("\n\nAdmissible actions: ")
+        assert o2 == f"{head}\n\nYour task is to: {info['goal']}.\n\nAdmissible actions: {actions}"
+    assert twice_envs.replay(shown.trajectory).trajectory.observations == shown.trajectory.observations
+    assert shown.fork(1).trajectory.observations == shown.trajectory.observations[:2]
+    with pytest.raises(ValueError, match="show_task"):
+        twice_envs.make("ALFWorld-v0", show_task=1)
+
+
 def test_scripted_agent_wins_at_full_skill_and_errs_below_it():
     env = twice_envs.make("ALFWorld-v0")
     rng = np.random.default_rng(0)

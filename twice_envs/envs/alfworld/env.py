@@ -76,6 +76,9 @@ class ALFWorldEnv(TextEnv):
         show_admissible: end every observation with the admissible commands
             ("Admissible actions: ..."), so an agent reads them from its context (the
             tiny game models do); False keeps the engine's own text.
+        show_task: repeat the task sentence ("Your task is to: ...") in every observation after
+            the first (before the admissible commands), so the task stays next to the decision
+            however long the episode; False: only the first observation holds it, as in ALFWorld.
     """
 
     version = "1"
@@ -91,6 +94,7 @@ class ALFWorldEnv(TextEnv):
         reward_scale: float = 1.0,
         max_turns: Optional[int] = None,
         show_admissible: bool = False,
+        show_task: bool = False,
         render_mode: Optional[str] = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
@@ -100,6 +104,9 @@ class ALFWorldEnv(TextEnv):
         if not isinstance(show_admissible, bool):
             raise ValueError(f"show_admissible must be True or False, got {show_admissible!r}")
         self.show_admissible = show_admissible
+        if not isinstance(show_task, bool):
+            raise ValueError(f"show_task must be True or False, got {show_task!r}")
+        self.show_task = show_task
         self.split = split
         self.task_types = resolve_task_types(task_types)
         # Listing first: importing alfworld sets $ALFWORLD_DATA to a default when it is unset.
@@ -165,7 +172,7 @@ class ALFWorldEnv(TextEnv):
         self.game = game
         info = self._info(engine)
         info.update(game=game.name, task_type=game.task_type, goal=game.goal)
-        return self._shown(obs, info), info
+        return self._shown(obs, info, first=True), info
 
     def _info(self, engine: "_engine.Engine") -> dict:
         return {"admissible_actions": list(engine.admissible), "won": engine.won}
@@ -186,8 +193,10 @@ class ALFWorldEnv(TextEnv):
         won = engine.won
         return self._shown(obs, info), (self.reward_scale if won else 0.0), won, info
 
-    def _shown(self, obs: str, info: dict) -> str:
-        """The observation as the agent sees it (with the admissible commands when asked)."""
+    def _shown(self, obs: str, info: dict, first: bool = False) -> str:
+        """The observation as the agent sees it (with the task and the admissible commands when asked)."""
+        if self.show_task and not first:
+            obs = f"{obs}\n\nYour task is to: {self.game.goal}."
         if not self.show_admissible:
             return obs
         return with_actions(obs, info["admissible_actions"])
