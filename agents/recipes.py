@@ -195,13 +195,18 @@ class TinyModelConfig:
 #:   against the base's 87.3% on those), and lower still (80.0%) when every transcript also came
 #:   in a copy with its product ids swapped (``renamed_copies=1``: the training loss stayed at
 #:   0.11 against 0.04, the model recalls ids rather than copying them).
-#: * ``webshop`` (the shipped ``tiny-webshop`` model): ``webshop-polish`` continued the same way on
-#:   2,400 more transcripts (seed 3), cut at 2,048 tokens instead of 1,536 (a few episodes with
-#:   long pages pass 1,536, and past its training length the base wrote invalid turns 11 times
-#:   in 28); 23 minutes on one core, a second build on the other. Held-out: 89.9% valid turns
-#:   (furniture 86.6%, electronics 93.6%, fashion 88.7%, beauty 91.3%, grocery 89.7%), success
-#:   229/400 [52.4%, 62.0%] (furniture 48.3%, electronics 66.7%, fashion 57.8%, beauty 59.2%,
-#:   grocery 51.6%). The same continuation cut at 1,536 tokens: 89.4% valid, 216/400.
+#: * ``webshop-polish2``: ``webshop-polish`` continued the same way on 2,400 more transcripts
+#:   (seed 3), cut at 2,048 tokens instead of 1,536 (a few episodes with long pages pass 1,536,
+#:   and past its training length the base wrote invalid turns 11 times in 28); 23 minutes on one
+#:   core, a second build on the other. Held-out: 89.9% valid turns, success 229/400 [52.4%,
+#:   62.0%]. The same continuation cut at 1,536 tokens: 89.4% valid, 216/400.
+#: * ``webshop-polish3``: ``webshop-polish2`` continued the same way (seed 4); 25 minutes on one
+#:   core. Held-out: 91.3% valid turns, success 211/400 [47.9%, 57.6%].
+#: * ``webshop`` (the shipped ``tiny-webshop`` model): ``webshop-polish3`` continued the same way
+#:   (seed 5); 30 minutes on one core, a second build on the other. Held-out: 92.7% valid turns
+#:   [91.5%, 93.7%] (furniture 89.1%, electronics 93.4%, fashion 92.2%, beauty 93.4%, grocery
+#:   95.8%), success 235/400 [53.9%, 63.5%] (furniture 53.3%, electronics 68.1%, fashion 55.5%,
+#:   beauty 60.5%, grocery 57.8%).
 #: * ``alfworld`` (the shipped ``tiny-alfworld`` model): 47.8 minutes (2,869 s) on one core, a
 #:   second build running on the other. 600 transcripts of at most 12 turns on 488 generated
 #:   training games: 4 per task type in each of the three fixed training rooms and of 32 rooms
@@ -250,7 +255,9 @@ RECIPES: dict[str, TinyModelConfig] = {
 }
 RECIPES["webshop-polish"] = replace(RECIPES["webshop-base"], start_from="webshop-base", seed=2, steps=1000, lr=3e-4,
                                     mistake_weight=0.0)
-RECIPES["webshop"] = replace(RECIPES["webshop-polish"], start_from="webshop-polish", seed=3, max_len=2048)
+RECIPES["webshop-polish2"] = replace(RECIPES["webshop-polish"], start_from="webshop-polish", seed=3, max_len=2048)
+RECIPES["webshop-polish3"] = replace(RECIPES["webshop-polish2"], start_from="webshop-polish2", seed=4)
+RECIPES["webshop"] = replace(RECIPES["webshop-polish3"], start_from="webshop-polish3", seed=5)
 
 
 def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
