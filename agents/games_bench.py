@@ -316,6 +316,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--eval-tasks", type=int, default=None)
     p.add_argument("--eval-samples", type=int, default=d.eval_samples)
     p.add_argument("--model", action="append", default=[], help="ENV=MODEL start model (repeatable)")
+    p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the policy updates")
     p.add_argument("--out", default=d.out)
     p.add_argument("--max-turns", type=int, default=None, help="turn cap (default: per env)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
@@ -325,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cfg = GamesBenchConfig(
         envs=tuple(e for e in a.envs.split(",") if e), methods=tuple(m for m in a.methods.split(",") if m),
         seeds=tuple(range(a.seeds)), updates=a.updates, tasks_per_update=a.tasks, group_size=a.group_size,
-        eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, out=a.out, max_turns=a.max_turns,
+        eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, lr=a.lr, out=a.out, max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
         model=dict(x.split("=", 1) for x in a.model) or None)
     unknown = [e for e in cfg.envs if e not in GAMES]

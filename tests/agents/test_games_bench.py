@@ -119,3 +119,15 @@ def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
     (tmp_path / "twice_model.json").write_text("{not json")
     with pytest.raises(ValueError, match="twice_model.json"):
         cfg.setting("ALFWorld-v0")
+
+
+def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(gb, "run_games_bench", lambda cfg: seen.append(cfg) or {"envs": {}})
+    monkeypatch.setattr(gb, "report", lambda res: "report")
+    assert gb.main(["--envs", "WebShop-v0", "--lr", "5e-5", "--seeds", "2", "--updates", "3", "--eval-tasks", "7"]) == 0
+    (cfg,) = seen
+    assert (cfg.envs, cfg.lr, cfg.seeds, cfg.updates, cfg.eval_tasks) == (("WebShop-v0",), 5e-5, (0, 1), 3, 7)
+    with pytest.raises(SystemExit):
+        gb.main(["--envs", "NoSuchGame-v0"])
+    assert "unknown game env" in capsys.readouterr().err
