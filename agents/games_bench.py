@@ -121,7 +121,19 @@ def summarize(env_id: str, episodes, types: Sequence[str], samples: int) -> dict
         lo, hi = wilson(s, n)
         out[key] = {"episodes": n, "success": s / max(n, 1), "success_ci": [lo, hi], "turns": turns,
                     "valid_share": 1 - bad / max(turns, 1), "mean_reward": reward / max(n, 1)}
+    out["all"]["outcomes"] = [int(success_of(env_id, ep)) for ep in episodes]
     return out
+
+
+def paired_change(after: Sequence[int], before: Sequence[int], z: float = 1.96) -> dict:
+    """Mean change of success over paired held-out episodes (the same task and sampling noise before
+    and after training) with a 95% normal interval of the mean of the per-episode differences."""
+    if len(after) != len(before) or not after:
+        raise ValueError(f"paired outcomes must have the same nonzero length, got {len(after)} and {len(before)}")
+    d = np.asarray(after, float) - np.asarray(before, float)
+    half = z * float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else float("inf")
+    return {"change": float(d.mean()), "change_ci": [float(d.mean()) - half, float(d.mean()) + half],
+            "improves": bool(d.mean() - half > 0)}
 
 
 def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,
@@ -210,8 +222,12 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
         model = cfg.start_model(env_id)
         start = load_policy(model)
         t0 = time.perf_counter()
-        before = evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks, noise_seed=10**6,
-                               setting=cfg.setting(env_id))
+        # the start model is evaluated on the sampling noise of each seed's evaluation after training, so that
+        # before and after pair up episode by episode (same task, same luck)
+        before_by_seed = {seed: evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
+                                              noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
+                          for seed in cfg.seeds}
+        before = _pooled([before_by_seed[s] for s in cfg.seeds])
         log(f"{env_id} start model {model}: held-out success {before['all']['success']:.3f} "
             f"valid {before['all']['valid_share']:.3f} ({time.perf_counter() - t0:.0f}s)")
         env_res: dict = {"model": model, "before": before, "methods": {}}
@@ -223,7 +239,8 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 rows = train(_train_config(cfg, env_id, method, seed, out), policy=policy, progress=False)
                 after = evaluate_game(policy, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
                                       noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
-                per_seed.append({"seed": seed, "after": after, "train": rows})
+                per_seed.append({"seed": seed, "after": after, "train": rows,
+                                 "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
                     f"(before {before['all']['success']:.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
             env_res["methods"][method] = _method_summary(per_seed)
@@ -232,6 +249,19 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     (root / "results.json").write_text(json.dumps(results, indent=1, default=float))
     return results
+
+
+def _pooled(summaries: list[dict]) -> dict:
+    """The ``all`` figures of several evaluations pooled (episodes, successes, turns added up)."""
+    rows = [x["all"] for x in summaries]
+    n = sum(r["episodes"] for r in rows)
+    wins = sum(r["outcomes"].count(1) for r in rows)
+    turns = sum(r["turns"] for r in rows)
+    valid = sum(r["valid_share"] * r["turns"] for r in rows)
+    return {"all": {"episodes": n, "success": wins / max(n, 1), "success_ci": list(wilson(wins, n)), "turns": turns,
+                    "valid_share": valid / max(turns, 1),
+                    "mean_reward": sum(r["mean_reward"] * r["episodes"] for r in rows) / max(n, 1),
+                    "outcomes": [o for r in rows for o in r["outcomes"]]}}
 
 
 def _method_summary(per_seed: list[dict]) -> dict:
@@ -248,6 +278,8 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "train_invalid_share": bad / max(turns, 1),
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
+        **paired_change([o for s in per_seed for o in s["after"]["all"]["outcomes"]],
+                        [o for s in per_seed for o in s["before_outcomes"]]),
     }
 
 
@@ -280,16 +312,21 @@ def report(results: dict) -> str:
         lines.append(f"{env_id} (start model {r['model']}): before {b['success']:.3f} "
                      f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, valid {b['valid_share']:.3f}, "
                      f"reward {b.get('mean_reward', float('nan')):.3f}")
-        lines.append(f"  {'method':<7} {'after':>6} {'95% CI':>15} {'n':>5} {'aux tok/upd':>11} {'s/upd':>6} "
-                     f"{'train invalid':>13} {'valid after':>11} {'reward after':>12}")
+        lines.append(f"  {'method':<7} {'after':>6} {'95% CI':>15} {'n':>5} {'change (paired) [95% CI]':>26} "
+                     f"{'aux tok/upd':>11} {'s/upd':>6} {'train invalid':>13} {'valid after':>11} {'reward after':>12}")
         ms = r["methods"]
         for m, x in ms.items():
             reward = x.get("eval_mean_reward", float("nan"))
+            ch = x.get("change_ci", [float("nan")] * 2)
+            change = f"{x.get('change', float('nan')):+.3f} [{ch[0]:+.3f}, {ch[1]:+.3f}]"
             lines.append(f"  {m:<7} {x['success']:6.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
-                         f"{x['episodes']:5d} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
+                         f"{x['episodes']:5d} {change:>26} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
                          f"{x['train_invalid_share']:13.3f} {x.get('eval_valid_share', float('nan')):11.3f} {reward:12.3f}")
         if ms:
             lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}))
+            better = [m for m, x in ms.items() if x.get("improves")]
+            lines.append(f"  improve on the start model (paired interval above 0): {', '.join(better) or 'none'} "
+                         f"of {len(ms)}")
             n = min(x["episodes"] for x in ms.values())
             p = float(np.mean([x["success"] for x in ms.values()]))
             # the same floor as episodes_for_difference: near 0 or 1 the normal approximation says too little

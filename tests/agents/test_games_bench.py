@@ -66,10 +66,18 @@ def test_heldout_tasks_are_the_unseen_games_and_the_test_goals():
     assert again == tasks and kwargs == {}
 
 
-def test_bench_games_smoke(tmp_path):
+def test_bench_games_smoke(tmp_path, monkeypatch):
     cfg = gb.GamesBenchConfig(envs=("WebShop-v0",), seeds=(0,), updates=1, tasks_per_update=1, group_size=2,
                               eval_tasks=2, eval_samples=1, out=str(tmp_path), model={"WebShop-v0": str(tiny_dir())},
                               max_turns=2, max_new_tokens=8)
+    seeds = []
+    evaluate = gb.evaluate_game
+
+    def recording(*args, **kwargs):
+        seeds.append(kwargs["noise_seed"])
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(gb, "evaluate_game", recording)
     res = gb.run_games_bench(cfg, log=lambda m: None)
     r = res["envs"]["WebShop-v0"]
     assert set(r["methods"]) == {"grpo", "gigpo", "twice", "crr"}
@@ -80,10 +88,15 @@ def test_bench_games_smoke(tmp_path):
         assert x["train_invalid_share"] == rows[0]["invalid_turns"] / rows[0]["turns"]
         assert x["episodes"] == 2 and x["success"] in (0.0, 0.5, 1.0)
         assert x["success_ci"][0] <= x["success"] <= x["success_ci"][1]
+        # before and after are paired episode by episode: the change is the difference of the two success rates
+        assert x["change"] == pytest.approx(x["success"] - r["before"]["all"]["success"])
+    # the start model is evaluated on the noise of each seed's evaluation after training: 1 + 4 methods x 1 seed
+    assert len(seeds) == 5 and len(set(seeds)) == 1
     # GRPO and GiGPO run no auxiliary rollouts
     assert r["methods"]["grpo"]["aux_tokens_per_update"] == 0 == r["methods"]["gigpo"]["aux_tokens_per_update"]
     text = gb.report(res)
     assert "ordering:" in text and "5-point difference" in text and "valid after" in text
+    assert "improve on the start model" in text
     assert all(0.0 <= x["eval_mean_reward"] <= 1.0 for x in r["methods"].values())
     assert json.loads((tmp_path / "results.json").read_text())["envs"]["WebShop-v0"]["model"] == str(tiny_dir())
 
@@ -131,3 +144,17 @@ def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         gb.main(["--envs", "NoSuchGame-v0"])
     assert "unknown game env" in capsys.readouterr().err
+
+
+def test_paired_change_is_the_mean_difference_with_its_interval():
+    after, before = [1, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 1]
+    res = gb.paired_change(after, before)
+    # differences 1, 0, 0, 1, 0, 0: mean 1/3, sample std sqrt(4/15)
+    half = 1.96 * (4 / 15) ** 0.5 / 6 ** 0.5
+    assert res["change"] == pytest.approx(1 / 3)
+    assert res["change_ci"] == pytest.approx([1 / 3 - half, 1 / 3 + half])
+    assert res["improves"] is False  # 1/3 - 0.413 < 0
+    assert gb.paired_change([1] * 30 + [0] * 10, [0] * 30 + [0] * 10)["improves"] is True
+    assert gb.paired_change([0] * 10, [0] * 10) == {"change": 0.0, "change_ci": [0.0, 0.0], "improves": False}
+    with pytest.raises(ValueError, match="same nonzero length"):
+        gb.paired_change([1, 0], [1])
