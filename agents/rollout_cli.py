@@ -84,7 +84,10 @@ def rollout_main(argv: Sequence[str]) -> int:
     if args.env_kwargs is None:
         env_kwargs = trained_env_kwargs(resolve_model_dir(args.model), args.env)
     else:
-        env_kwargs = json.loads(args.env_kwargs)
+        try:
+            env_kwargs = json.loads(args.env_kwargs)
+        except json.JSONDecodeError as exc:
+            parser.error(f"--env-kwargs is not JSON ({exc}): {args.env_kwargs!r}")
         if not isinstance(env_kwargs, dict):
             parser.error(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,

@@ -609,7 +609,10 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
     a = p.parse_args(argv)
     base = cpu_config() if a.model == "tiny" and not a.published else published_config()
-    user_kwargs = json.loads(a.env_kwargs)
+    try:
+        user_kwargs = json.loads(a.env_kwargs)
+    except json.JSONDecodeError as exc:
+        p.error(f"--env-kwargs is not JSON ({exc}): {a.env_kwargs!r}")
     if not isinstance(user_kwargs, dict):
         p.error(f"--env-kwargs must be a JSON object, got {a.env_kwargs!r}")
     env_kwargs = {**trained_env_kwargs(resolve_model_dir(a.model), a.env), **user_kwargs}

@@ -545,5 +545,6 @@ def test_rollout_cli_plays_a_game_model_as_it_was_trained(tmp_path):
     assert "Admissible actions: " in ep.trajectory["observations"][0]  # show_admissible, from its recipe
     assert rollout_main(args + ["--env-kwargs", "{}"]) == 0
     assert "Admissible actions: " not in load_episodes(out)[0].trajectory["observations"][0]
-    with pytest.raises(SystemExit):
-        rollout_main(args + ["--env-kwargs", "[1]"])
+    for bad in ("[1]", "{show_task: 1}"):
+        with pytest.raises(SystemExit):
+            rollout_main(args + ["--env-kwargs", bad])
