@@ -52,6 +52,17 @@ def load_episodes(path: str | Path) -> list[EpisodeRecord]:
     return out
 
 
+def parse_env_kwargs(parser: argparse.ArgumentParser, text: str) -> dict:
+    """The value of an ``--env-kwargs`` option: a JSON object, else a usage error of ``parser``."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--env-kwargs is not JSON ({exc}): {text!r}")
+    if not isinstance(kwargs, dict):
+        parser.error(f"--env-kwargs must be a JSON object, got {text!r}")
+    return kwargs
+
+
 def rollout_main(argv: Sequence[str]) -> int:
     """``twice rollout --env ID --model tiny --episodes N --out FILE``."""
     parser = argparse.ArgumentParser(prog="twice rollout", description="Run a model on an env and save the episodes.")
@@ -84,12 +95,7 @@ def rollout_main(argv: Sequence[str]) -> int:
     if args.env_kwargs is None:
         env_kwargs = trained_env_kwargs(resolve_model_dir(args.model), args.env)
     else:
-        try:
-            env_kwargs = json.loads(args.env_kwargs)
-        except json.JSONDecodeError as exc:
-            parser.error(f"--env-kwargs is not JSON ({exc}): {args.env_kwargs!r}")
-        if not isinstance(env_kwargs, dict):
-            parser.error(f"--env-kwargs must be a JSON object, got {args.env_kwargs!r}")
+        env_kwargs = parse_env_kwargs(parser, args.env_kwargs)
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                               greedy=args.greedy)
     tasks = [Task(args.seed + i) for i in range(args.episodes)]

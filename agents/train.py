@@ -584,6 +584,7 @@ def train_main(argv: Sequence[str]) -> int:
     """``twice train --env ENV --model MODEL --method {grpo,gigpo,twice,crr,vineppo} [--ablation ...]``."""
     from twice_envs.agents.models import resolve_model_dir
     from twice_envs.agents.recipes import trained_env_kwargs
+    from twice_envs.agents.rollout_cli import parse_env_kwargs
 
     p = _parser("twice train")
     p.description = "Train an agent with GRPO, GiGPO, Twice, CRR or VinePPO credit (CPU defaults for --model tiny)."
@@ -609,13 +610,7 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
     a = p.parse_args(argv)
     base = cpu_config() if a.model == "tiny" and not a.published else published_config()
-    try:
-        user_kwargs = json.loads(a.env_kwargs)
-    except json.JSONDecodeError as exc:
-        p.error(f"--env-kwargs is not JSON ({exc}): {a.env_kwargs!r}")
-    if not isinstance(user_kwargs, dict):
-        p.error(f"--env-kwargs must be a JSON object, got {a.env_kwargs!r}")
-    env_kwargs = {**trained_env_kwargs(resolve_model_dir(a.model), a.env), **user_kwargs}
+    env_kwargs = {**trained_env_kwargs(resolve_model_dir(a.model), a.env), **parse_env_kwargs(p, a.env_kwargs)}
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
                             "seed": a.seed, "env_kwargs": env_kwargs,
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}

@@ -101,11 +101,10 @@ class ALFWorldEnv(TextEnv):
         if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)) or not reward_scale > 0:
             raise ValueError(f"reward_scale must be a positive number, got {reward_scale!r}")
         self.reward_scale = float(reward_scale)
-        if not isinstance(show_admissible, bool):
-            raise ValueError(f"show_admissible must be True or False, got {show_admissible!r}")
+        for name, flag in (("show_admissible", show_admissible), ("show_task", show_task)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
         self.show_admissible = show_admissible
-        if not isinstance(show_task, bool):
-            raise ValueError(f"show_task must be True or False, got {show_task!r}")
         self.show_task = show_task
         self.split = split
         self.task_types = resolve_task_types(task_types)
