@@ -40,7 +40,8 @@ class GameSetting:
     max_new_tokens: int = 32
     """Tokens per turn at most (an action is under 20 tokens)."""
     window: Optional[int] = None
-    """Turns of history in the model's context (the window the model was trained with; None: all)."""
+    """Turns of history in the model's context (None: the window the start model was trained with,
+    :func:`~twice_envs.agents.recipes.trained_window`; whole episodes if it had none)."""
     heldout_games: int = 0
     """ALFWorld: generated ``valid_unseen`` games per task type and unseen room layout to evaluate on
     (0: the 8 bundled ones). More games narrow the intervals and make per-type figures less a
@@ -190,14 +191,17 @@ class GamesBenchConfig:
 
     def setting(self, env_id: str) -> GameSetting:
         """The env's :data:`GAMES` setting with this run's overrides; the env is made with the kwargs
-        the start model was trained with (:func:`~twice_envs.agents.recipes.trained_env_kwargs`)."""
+        the start model was trained with (:func:`~twice_envs.agents.recipes.trained_env_kwargs`), and with
+        its history window unless the setting names one."""
         from twice_envs.agents.models import resolve_model_dir
-        from twice_envs.agents.recipes import trained_env_kwargs
+        from twice_envs.agents.recipes import trained_env_kwargs, trained_window
 
         s = GAMES[env_id]
-        kwargs = {**s.env_kwargs, **trained_env_kwargs(resolve_model_dir(self.start_model(env_id)), env_id)}
+        model_dir = resolve_model_dir(self.start_model(env_id))
+        kwargs = {**s.env_kwargs, **trained_env_kwargs(model_dir, env_id)}
+        window = s.window if s.window is not None else trained_window(model_dir)
         return replace(s, env_kwargs=kwargs, max_turns=self.max_turns or s.max_turns,
-                       max_new_tokens=self.max_new_tokens or s.max_new_tokens)
+                       max_new_tokens=self.max_new_tokens or s.max_new_tokens, window=window)
 
 
 def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path):

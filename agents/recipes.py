@@ -422,17 +422,31 @@ def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
     return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
 
 
-def trained_env_kwargs(path: os.PathLike, env_id: str) -> dict:
-    """The ``twice_envs.make`` kwargs of ``env_id`` in the transcripts a tiny build at ``path`` was
-    trained on (``{}`` for other models and envs): play the env with them (``show_admissible``,
-    ``show_task``), as the model saw it in training."""
+def _trained_config(path: os.PathLike) -> dict:
+    """The ``config`` of the tiny build at ``path`` (``{}`` for other models); a damaged
+    ``twice_model.json`` raises ``ValueError`` naming it."""
     meta = Path(path) / "twice_model.json"
     try:
         info = json.loads(meta.read_text()) if meta.is_file() else {}
     except (OSError, ValueError) as exc:
         raise ValueError(f"{meta}: not a readable model description ({exc})") from exc
-    kwargs = (info.get("config") or {}).get("env_kwargs") or {}
+    config = info.get("config") if isinstance(info, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def trained_env_kwargs(path: os.PathLike, env_id: str) -> dict:
+    """The ``twice_envs.make`` kwargs of ``env_id`` in the transcripts a tiny build at ``path`` was
+    trained on (``{}`` for other models and envs): play the env with them (``show_admissible``,
+    ``show_task``), as the model saw it in training."""
+    kwargs = _trained_config(path).get("env_kwargs") or {}
     return dict(kwargs.get(env_id) or {})
+
+
+def trained_window(path: os.PathLike) -> Optional[int]:
+    """The history window (turns) of the contexts a tiny build at ``path`` was trained on; None for
+    whole episodes and for other models. Play it with the same window."""
+    window = _trained_config(path).get("window")
+    return None if window is None else int(window)
 
 
 def same_build(a: os.PathLike, b: os.PathLike) -> bool:

@@ -77,6 +77,9 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-turns", type=int, default=None)
+    parser.add_argument("--window", type=int, default=None,
+                        help="turns of history in the model's context (default: the window a tiny model was "
+                             "trained with, else the whole episode)")
     parser.add_argument("--env-kwargs", default=None,
                         help="JSON kwargs for the env (default: those a tiny model was trained with, e.g. "
                              "show_admissible for tiny-alfworld)")
@@ -88,12 +91,14 @@ def rollout_main(argv: Sequence[str]) -> int:
 
     from twice_envs.agents.models import load_policy, resolve_model_dir
     from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.recipes import trained_env_kwargs
+    from twice_envs.agents.recipes import trained_env_kwargs, trained_window
     from twice_envs.agents.rollout import Task, rollout
 
     policy = load_policy(args.model, backend=args.backend, device=args.device)
+    model_dir = resolve_model_dir(args.model)
+    window = trained_window(model_dir) if args.window is None else args.window
     if args.env_kwargs is None:
-        env_kwargs = trained_env_kwargs(resolve_model_dir(args.model), args.env)
+        env_kwargs = trained_env_kwargs(model_dir, args.env)
     else:
         env_kwargs = parse_env_kwargs(parser, args.env_kwargs)
     sampling = SamplingConfig(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
@@ -101,7 +106,7 @@ def rollout_main(argv: Sequence[str]) -> int:
     tasks = [Task(args.seed + i) for i in range(args.episodes)]
     t0 = time.perf_counter()
     episodes = rollout(policy, args.env, tasks, group_size=args.group, sampling=sampling, noise_seed=args.noise_seed,
-                       max_turns=args.max_turns, env_kwargs=env_kwargs)
+                       max_turns=args.max_turns, env_kwargs=env_kwargs, window=window)
     secs = time.perf_counter() - t0
     save_episodes(args.out, episodes)
     n_tok = sum(e.num_generated_tokens for e in episodes)

@@ -583,7 +583,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def train_main(argv: Sequence[str]) -> int:
     """``twice train --env ENV --model MODEL --method {grpo,gigpo,twice,crr,vineppo} [--ablation ...]``."""
     from twice_envs.agents.models import resolve_model_dir
-    from twice_envs.agents.recipes import trained_env_kwargs
+    from twice_envs.agents.recipes import trained_env_kwargs, trained_window
     from twice_envs.agents.rollout_cli import parse_env_kwargs
 
     p = _parser("twice train")
@@ -598,7 +598,9 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--beta", type=float, default=None, help="auxiliary budget (Twice/CRR)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--max-turns", type=int, default=None, help="turn cap per episode")
-    p.add_argument("--window", type=int, default=None, help="turns of history in the context (default: all)")
+    p.add_argument("--window", type=int, default=None,
+                   help="turns of history in the context (default: the window a tiny model was trained with, "
+                        "else the whole episode)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory (default runs/METHOD)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
@@ -610,9 +612,10 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
     a = p.parse_args(argv)
     base = cpu_config() if a.model == "tiny" and not a.published else published_config()
-    env_kwargs = {**trained_env_kwargs(resolve_model_dir(a.model), a.env), **parse_env_kwargs(p, a.env_kwargs)}
+    model_dir = resolve_model_dir(a.model)
+    env_kwargs = {**trained_env_kwargs(model_dir, a.env), **parse_env_kwargs(p, a.env_kwargs)}
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
-                            "seed": a.seed, "env_kwargs": env_kwargs,
+                            "seed": a.seed, "env_kwargs": env_kwargs, "window": trained_window(model_dir),
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
                       ("lr", "lr"), ("max_new_tokens", "max_new_tokens"), ("eval_every", "eval_every"),

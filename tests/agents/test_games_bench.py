@@ -129,6 +129,9 @@ def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
     cfg = gb.GamesBenchConfig(model={"ALFWorld-v0": str(tmp_path)})
     assert cfg.setting("ALFWorld-v0").env_kwargs == {"show_admissible": True, "show_task": True}
     assert trained_env_kwargs(tmp_path, "WebShop-v0") == {}
+    assert cfg.setting("ALFWorld-v0").window is None  # trained on whole episodes
+    (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": 3}}))
+    assert cfg.setting("ALFWorld-v0").window == 3
     (tmp_path / "twice_model.json").write_text("{not json")
     with pytest.raises(ValueError, match="twice_model.json"):
         cfg.setting("ALFWorld-v0")

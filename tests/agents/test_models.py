@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 
@@ -548,3 +549,20 @@ def test_rollout_cli_plays_a_game_model_as_it_was_trained(tmp_path):
     for bad in ("[1]", "{show_task: 1}"):
         with pytest.raises(SystemExit):
             rollout_main(args + ["--env-kwargs", bad])
+
+
+def test_rollout_cli_keeps_the_history_window_a_model_was_trained_with(tmp_path):
+    from twice_envs.agents.models import resolve_model_dir
+
+    model = tmp_path / "model"
+    shutil.copytree(resolve_model_dir("tiny-webshop"), model)
+    meta = json.loads((model / "twice_model.json").read_text())
+    meta["config"]["window"] = 2
+    (model / "twice_model.json").write_text(json.dumps(meta))
+    out = tmp_path / "eps.jsonl"
+    args = ["--env", "WebShop-v0", "--model", str(model), "--episodes", "1", "--out", str(out),
+            "--max-new-tokens", "8", "--max-turns", "1"]
+    assert rollout_main(args) == 0
+    assert load_episodes(out)[0].window == 2
+    assert rollout_main(args + ["--window", "0"]) == 0
+    assert load_episodes(out)[0].window == 0

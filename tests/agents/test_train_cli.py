@@ -45,3 +45,19 @@ def test_train_eval_audit_plot_commands(tmp_path, capsys):
     png = tmp_path / "curves.png"
     assert plot_main([str(run), str(tmp_path / "grpo"), "--out", str(png)]) == 0
     assert png.stat().st_size > 1000
+
+
+def test_train_keeps_the_history_window_a_model_was_trained_with(tmp_path, monkeypatch):
+    import twice_envs.agents.train as train_mod
+
+    policy = small_policy(0)
+    model_dir = tmp_path / "model"
+    policy.model.save_pretrained(model_dir)
+    policy.tokenizer.save_pretrained(model_dir)
+    (model_dir / "twice_model.json").write_text(json.dumps({"config": {"window": 2}}))
+    seen = []
+    monkeypatch.setattr(train_mod, "train", lambda cfg, **kw: seen.append(cfg))
+    args = ["--env", ENV, "--model", str(model_dir), "--out", str(tmp_path / "run")]
+    assert train_main(args) == 0
+    assert train_main(args + ["--window", "1"]) == 0
+    assert [cfg.window for cfg in seen] == [2, 1]
