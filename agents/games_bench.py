@@ -134,7 +134,7 @@ def paired_change(after: Sequence[int], before: Sequence[int], z: float = 1.96) 
     d = np.asarray(after, float) - np.asarray(before, float)
     half = z * float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else float("inf")
     return {"change": float(d.mean()), "change_ci": [float(d.mean()) - half, float(d.mean()) + half],
-            "improves": bool(d.mean() - half > 0)}
+            "improves": bool(d.mean() - half > 0), "n": len(d)}
 
 
 def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,
@@ -248,6 +248,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
                     f"(before {before['all']['success']:.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
             env_res["methods"][method] = _method_summary(per_seed)
+        env_res["pairs"] = method_pairs(env_res["methods"])
         results["envs"][env_id] = env_res
         _plot(root, env_id, cfg)
     root.mkdir(parents=True, exist_ok=True)
@@ -282,9 +283,34 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "train_invalid_share": bad / max(turns, 1),
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
+        "outcomes": [o for s in per_seed for o in s["after"]["all"]["outcomes"]],
         **paired_change([o for s in per_seed for o in s["after"]["all"]["outcomes"]],
                         [o for s in per_seed for o in s["before_outcomes"]]),
     }
+
+
+def method_pairs(methods: dict) -> dict:
+    """Paired success differences between every two methods, ``{"twice-grpo": paired_change(...)}``.
+
+    Every method is evaluated on the same held-out tasks with the same sampling noise per seed, so
+    their episodes pair up one to one (same task, same luck) and the difference's interval is that of
+    the per-episode differences, narrower than that of two independent rates when outcomes agree."""
+    names = [m for m, x in methods.items() if x.get("outcomes")]
+    return {f"{a}-{b}": paired_change(methods[a]["outcomes"], methods[b]["outcomes"])
+            for i, a in enumerate(names) for b in names[i + 1:]}
+
+
+def pairs_resolution(pairs: dict, diff: float = 0.05, z: float = 1.96) -> tuple[float, int, int]:
+    """``(largest half-width, episodes per method, episodes needed)`` of the between-method paired
+    intervals: the episodes each method would need for every pair's interval to have half-width
+    ``diff``, from the observed spread of the differences (half-width falls as one over the root of n).
+
+    Each half-width is at least that of 5% discordant pairs, as :func:`episodes_for_difference`
+    floors the rate: when few episodes disagree (every method at 0 or 1) the observed spread says
+    too little."""
+    n = min(x["n"] for x in pairs.values())
+    half = max(max((x["change_ci"][1] - x["change_ci"][0]) / 2 for x in pairs.values()), z * math.sqrt(0.05 / n))
+    return half, n, int(math.ceil(n * (half / diff) ** 2))
 
 
 def _plot(root: Path, env_id: str, cfg: GamesBenchConfig) -> None:
@@ -331,16 +357,30 @@ def report(results: dict) -> str:
             better = [m for m, x in ms.items() if x.get("improves")]
             lines.append(f"  improve on the start model (paired interval above 0): {', '.join(better) or 'none'} "
                          f"of {len(ms)}")
-            n = min(x["episodes"] for x in ms.values())
-            p = float(np.mean([x["success"] for x in ms.values()]))
-            # the same floor as episodes_for_difference: near 0 or 1 the normal approximation says too little
-            q = min(max(p, 0.05), 0.95)
-            half = 1.96 * math.sqrt(2 * q * (1 - q) / max(n, 1))
-            need = episodes_for_difference(p)
-            verdict = "can" if half <= 0.05 else "cannot"
-            lines.append(f"  a 95% interval of a difference between two methods has half-width {half:.3f}: it "
-                         f"{verdict} tell apart a 5-point difference (that needs about {need} held-out episodes "
-                         f"per method at success {p:.2f}; here {n})")
+            pairs = r.get("pairs") or {}
+            if pairs:
+                lines.append("  paired differences between methods (same tasks and noise), 95% CI:")
+                for name, x in pairs.items():
+                    a, b = name.split("-", 1)
+                    ci = x["change_ci"]
+                    sig = "significant" if ci[0] > 0 or ci[1] < 0 else "not significant"
+                    lines.append(f"    {a} - {b}: {x['change']:+.3f} [{ci[0]:+.3f}, {ci[1]:+.3f}] {sig}")
+                half, n, need = pairs_resolution(pairs)
+                verdict = "can" if half <= 0.05 else "cannot"
+                lines.append(f"  the widest paired interval between two methods has half-width {half:.3f}: it {verdict} "
+                             f"tell apart a 5-point difference (every pair would need about {need} held-out episodes "
+                             f"per method at the observed spread; here {n})")
+            else:
+                n = min(x["episodes"] for x in ms.values())
+                p = float(np.mean([x["success"] for x in ms.values()]))
+                # the same floor as episodes_for_difference: near 0 or 1 the normal approximation says too little
+                q = min(max(p, 0.05), 0.95)
+                half = 1.96 * math.sqrt(2 * q * (1 - q) / max(n, 1))
+                need = episodes_for_difference(p)
+                verdict = "can" if half <= 0.05 else "cannot"
+                lines.append(f"  a 95% interval of a difference between two methods has half-width {half:.3f}: it "
+                             f"{verdict} tell apart a 5-point difference (that needs about {need} held-out episodes "
+                             f"per method at success {p:.2f}; here {n})")
     return "\n".join(lines)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -97,6 +98,10 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
     text = gb.report(res)
     assert "ordering:" in text and "5-point difference" in text and "valid after" in text
     assert "improve on the start model" in text
+    # every two methods pair up on their shared evaluation noise
+    assert len(r["pairs"]) == 6 and r["pairs"]["grpo-twice"]["change"] == pytest.approx(
+        r["methods"]["grpo"]["success"] - r["methods"]["twice"]["success"])
+    assert "paired differences between methods" in text and "grpo - crr:" in text
     assert all(0.0 <= x["eval_mean_reward"] <= 1.0 for x in r["methods"].values())
     assert json.loads((tmp_path / "results.json").read_text())["envs"]["WebShop-v0"]["model"] == str(tiny_dir())
 
@@ -158,6 +163,28 @@ def test_paired_change_is_the_mean_difference_with_its_interval():
     assert res["change_ci"] == pytest.approx([1 / 3 - half, 1 / 3 + half])
     assert res["improves"] is False  # 1/3 - 0.413 < 0
     assert gb.paired_change([1] * 30 + [0] * 10, [0] * 30 + [0] * 10)["improves"] is True
-    assert gb.paired_change([0] * 10, [0] * 10) == {"change": 0.0, "change_ci": [0.0, 0.0], "improves": False}
+    assert gb.paired_change([0] * 10, [0] * 10) == {"change": 0.0, "change_ci": [0.0, 0.0], "improves": False, "n": 10}
     with pytest.raises(ValueError, match="same nonzero length"):
         gb.paired_change([1, 0], [1])
+
+
+def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
+    a, b, c = [1, 1, 0, 1, 0, 1] * 20, [0, 1, 0, 0, 0, 1] * 20, [1, 1, 0, 1, 0, 1] * 20
+    pairs = gb.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}, "crr": {"outcomes": c}})
+    assert list(pairs) == ["twice-grpo", "twice-crr", "grpo-crr"]
+    assert pairs["twice-grpo"] == gb.paired_change(a, b)
+    assert pairs["twice-crr"]["change_ci"] == [0.0, 0.0]
+    half, n, need = gb.pairs_resolution(pairs)
+    # the widest pair: differences 1, 0, 0, 1, 0, 0 repeated (mean 1/3, sample variance 2/9 * 120/119)
+    sd = (2 / 9 * 120 / 119) ** 0.5
+    assert n == 120 and half == pytest.approx(1.96 * sd / 120 ** 0.5)
+    assert need == math.ceil(120 * (half / 0.05) ** 2)
+    # identical outcomes say nothing about power: the half-width is floored at 5% discordant pairs
+    half0, _, need0 = gb.pairs_resolution({"x-y": gb.paired_change([0] * 40, [0] * 40)})
+    assert half0 == pytest.approx(1.96 * (0.05 / 40) ** 0.5) and need0 == 77
+    method = {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "aux_tokens_per_update": 0,
+              "seconds_per_update": 1.0, "train_invalid_share": 0.1}
+    ep = {"all": {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "valid_share": 0.8}}
+    text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"twice": method, "grpo": method},
+                                     "pairs": {"twice-grpo": pairs["twice-grpo"]}}}})
+    assert "twice - grpo: +0.333" in text and "significant" in text and "cannot tell apart" in text
