@@ -42,6 +42,10 @@ class GameSetting:
     window: Optional[int] = None
     """Turns of history in the model's context (None: the window the start model was trained with,
     :func:`~twice_envs.agents.recipes.trained_window`; whole episodes if it had none)."""
+    bench_eval: tuple[Optional[int], int] = (None, 4)
+    """``(held-out tasks, episodes per task)`` of each evaluation in ``twice bench games`` when the
+    command line names neither (None tasks: the whole held-out set). Sized for two CPU cores: the
+    bench evaluates the start model and every method after training, 13 evaluations in all."""
     heldout_games: int = 0
     """ALFWorld: generated ``valid_unseen`` games per task type and unseen room layout to evaluate on
     (0: the 8 bundled ones). More games narrow the intervals and make per-type figures less a
@@ -50,8 +54,8 @@ class GameSetting:
 
 GAMES: dict[str, GameSetting] = {
     "ALFWorld-v0": GameSetting("tiny-alfworld", {"show_admissible": True}, {"split": "valid_unseen"}, None, 12, 24,
-                               heldout_games=4),
-    "WebShop-v0": GameSetting("tiny-webshop", {"show_admissible": True}, {}, "test", 6, 48),
+                               bench_eval=(16, 1), heldout_games=4),
+    "WebShop-v0": GameSetting("tiny-webshop", {"show_admissible": True}, {}, "test", 6, 48, bench_eval=(80, 1)),
 }
 
 
@@ -169,9 +173,11 @@ class GamesBenchConfig:
     group_size: int = 4
     """Episodes per training task."""
     eval_tasks: Optional[int] = None
-    """Held-out tasks (None: all ALFWorld valid_unseen games; 100 WebShop test goals)."""
-    eval_samples: int = 4
-    """Episodes per held-out task and evaluation."""
+    """Held-out tasks per evaluation (None: the env's ``GameSetting.bench_eval``, or with
+    ``--eval-only`` the whole held-out set: all ALFWorld valid_unseen games, 100 WebShop test goals)."""
+    eval_samples: Optional[int] = None
+    """Episodes per held-out task and evaluation (None: the env's ``GameSetting.bench_eval``; 4 with
+    ``--eval-only``)."""
     lr: float = 2e-4
     """Learning rate."""
     beta: float = 0.5
@@ -188,6 +194,11 @@ class GamesBenchConfig:
     def start_model(self, env_id: str) -> str:
         """The start model of ``env_id`` (name or folder)."""
         return (self.model or {}).get(env_id) or GAMES[env_id].model
+
+    def eval_size(self, env_id: str) -> tuple[Optional[int], int]:
+        """``(tasks, samples)`` of each evaluation in the RL comparison: each as set, else the env's default."""
+        tasks, samples = GAMES[env_id].bench_eval
+        return (tasks if self.eval_tasks is None else self.eval_tasks), (self.eval_samples or samples)
 
     def setting(self, env_id: str) -> GameSetting:
         """The env's :data:`GAMES` setting with this run's overrides; the env is made with the kwargs
@@ -225,10 +236,11 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     for env_id in cfg.envs:
         model = cfg.start_model(env_id)
         start = load_policy(model)
+        eval_tasks, eval_samples = cfg.eval_size(env_id)
         t0 = time.perf_counter()
         # the start model is evaluated on the sampling noise of each seed's evaluation after training, so that
         # before and after pair up episode by episode (same task, same luck)
-        before_by_seed = {seed: evaluate_game(start, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
+        before_by_seed = {seed: evaluate_game(start, env_id, samples=eval_samples, tasks=eval_tasks,
                                               noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
                           for seed in cfg.seeds}
         before = _pooled([before_by_seed[s] for s in cfg.seeds])
@@ -241,7 +253,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 out = root / env_id / f"{method}-s{seed}"
                 policy = load_policy(model)  # trained in place
                 rows = train(_train_config(cfg, env_id, method, seed, out), policy=policy, progress=False)
-                after = evaluate_game(policy, env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
+                after = evaluate_game(policy, env_id, samples=eval_samples, tasks=eval_tasks,
                                       noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
                 per_seed.append({"seed": seed, "after": after, "train": rows,
                                  "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
@@ -394,8 +406,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--updates", type=int, default=d.updates)
     p.add_argument("--tasks", type=int, default=d.tasks_per_update, help="training tasks per update")
     p.add_argument("--group-size", type=int, default=d.group_size)
-    p.add_argument("--eval-tasks", type=int, default=None)
-    p.add_argument("--eval-samples", type=int, default=d.eval_samples)
+    p.add_argument("--eval-tasks", type=int, default=None,
+                   help="held-out tasks per evaluation (default: per env, sized for two cores; --eval-only: all)")
+    p.add_argument("--eval-samples", type=int, default=None,
+                   help="episodes per held-out task (default: per env; --eval-only: 4)")
     p.add_argument("--model", action="append", default=[], help="ENV=MODEL start model (repeatable)")
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the policy updates")
     p.add_argument("--out", default=d.out)
@@ -419,7 +433,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for env_id in cfg.envs:
             model = cfg.start_model(env_id)
             t0 = time.perf_counter()
-            res = evaluate_game(load_policy(model), env_id, samples=cfg.eval_samples, tasks=cfg.eval_tasks,
+            res = evaluate_game(load_policy(model), env_id, samples=cfg.eval_samples or 4, tasks=cfg.eval_tasks,
                                 noise_seed=10**6, setting=cfg.setting(env_id))
             print(f"{env_id} {model}, held-out, temperature 1 ({time.perf_counter() - t0:.0f}s):")
             for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):

@@ -147,8 +147,14 @@ def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
     monkeypatch.setattr(gb, "run_games_bench", lambda cfg: seen.append(cfg) or {"envs": {}})
     monkeypatch.setattr(gb, "report", lambda res: "report")
     assert gb.main(["--envs", "WebShop-v0", "--lr", "5e-5", "--seeds", "2", "--updates", "3", "--eval-tasks", "7"]) == 0
-    (cfg,) = seen
+    cfg = seen[0]
     assert (cfg.envs, cfg.lr, cfg.seeds, cfg.updates, cfg.eval_tasks) == (("WebShop-v0",), 5e-5, (0, 1), 3, 7)
+    assert cfg.eval_size("WebShop-v0") == (7, gb.GAMES["WebShop-v0"].bench_eval[1])
+    # with neither given, each env's evaluations take the size set for two cores
+    assert gb.main(["--envs", "WebShop-v0"]) == 0
+    assert seen[-1].eval_size("WebShop-v0") == (80, 1) and seen[-1].eval_size("ALFWorld-v0") == (16, 1)
+    assert gb.main(["--envs", "WebShop-v0", "--eval-samples", "3"]) == 0
+    assert seen[-1].eval_size("WebShop-v0") == (80, 3)
     with pytest.raises(SystemExit):
         gb.main(["--envs", "NoSuchGame-v0"])
     assert "unknown game env" in capsys.readouterr().err
