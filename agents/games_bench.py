@@ -43,8 +43,8 @@ class GameSetting:
     """Turns of history in the model's context (None: the window the start model was trained with,
     :func:`~twice_envs.agents.recipes.trained_window`; whole episodes if it had none)."""
     bench_eval: tuple[Optional[int], int] = (None, 4)
-    """``(held-out tasks, episodes per task)`` of each evaluation in ``twice bench games`` when the
-    command line names neither (None tasks: the whole held-out set). Sized for two CPU cores: the
+    """``(held-out tasks, episodes per task)`` of each evaluation in ``twice bench games``, each used
+    where the command line does not set it (None tasks: the whole held-out set). Sized for two CPU cores: the
     bench evaluates the start model and every method after training, 13 evaluations in all."""
     heldout_games: int = 0
     """ALFWorld: generated ``valid_unseen`` games per task type and unseen room layout to evaluate on

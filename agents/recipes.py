@@ -446,7 +446,11 @@ def trained_window(path: os.PathLike) -> Optional[int]:
     """The history window (turns) of the contexts a tiny build at ``path`` was trained on; None for
     whole episodes and for other models. Play it with the same window."""
     window = _trained_config(path).get("window")
-    return None if window is None else int(window)
+    if window is None:
+        return None
+    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+        raise ValueError(f"{Path(path) / 'twice_model.json'}: window must be an int >= 0 or null, got {window!r}")
+    return window
 
 
 def same_build(a: os.PathLike, b: os.PathLike) -> bool:

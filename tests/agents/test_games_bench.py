@@ -137,6 +137,9 @@ def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
     assert cfg.setting("ALFWorld-v0").window is None  # trained on whole episodes
     (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": 3}}))
     assert cfg.setting("ALFWorld-v0").window == 3
+    (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": "three"}}))
+    with pytest.raises(ValueError, match="twice_model.json: window must be"):
+        cfg.setting("ALFWorld-v0")
     (tmp_path / "twice_model.json").write_text("{not json")
     with pytest.raises(ValueError, match="twice_model.json"):
         cfg.setting("ALFWorld-v0")
