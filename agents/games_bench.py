@@ -215,10 +215,9 @@ class GamesBenchConfig:
                        max_new_tokens=self.max_new_tokens or s.max_new_tokens, window=window)
 
 
-def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path):
+def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path, s: GameSetting):
     from twice_envs.agents.train import cpu_config
 
-    s = cfg.setting(env_id)
     tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
                     window=s.window, max_new_tokens=s.max_new_tokens, lr=cfg.lr, indexed_tasks=False, checkpoint_every=10**9,
@@ -237,11 +236,12 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
         model = cfg.start_model(env_id)
         start = load_policy(model)
         eval_tasks, eval_samples = cfg.eval_size(env_id)
+        setting = cfg.setting(env_id)
         t0 = time.perf_counter()
         # the start model is evaluated on the sampling noise of each seed's evaluation after training, so that
         # before and after pair up episode by episode (same task, same luck)
         before_by_seed = {seed: evaluate_game(start, env_id, samples=eval_samples, tasks=eval_tasks,
-                                              noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
+                                              noise_seed=10**6 + 1 + seed, setting=setting)
                           for seed in cfg.seeds}
         before = _pooled([before_by_seed[s] for s in cfg.seeds])
         log(f"{env_id} start model {model}: held-out success {before['all']['success']:.3f} "
@@ -252,9 +252,9 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
             for seed in cfg.seeds:
                 out = root / env_id / f"{method}-s{seed}"
                 policy = load_policy(model)  # trained in place
-                rows = train(_train_config(cfg, env_id, method, seed, out), policy=policy, progress=False)
+                rows = train(_train_config(cfg, env_id, method, seed, out, setting), policy=policy, progress=False)
                 after = evaluate_game(policy, env_id, samples=eval_samples, tasks=eval_tasks,
-                                      noise_seed=10**6 + 1 + seed, setting=cfg.setting(env_id))
+                                      noise_seed=10**6 + 1 + seed, setting=setting)
                 per_seed.append({"seed": seed, "after": after, "train": rows,
                                  "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
@@ -287,6 +287,7 @@ def _method_summary(per_seed: list[dict]) -> dict:
     rows = [r for s in per_seed for r in s["train"]]
     turns = sum(r.get("turns", 0) for r in rows)
     bad = sum(r.get("invalid_turns", 0) for r in rows)
+    outcomes = [o for s in per_seed for o in s["after"]["all"]["outcomes"]]
     return {
         "success": wins / max(n, 1), "success_ci": list(wilson(wins, n)), "episodes": n,
         "per_seed": [s["after"]["all"]["success"] for s in per_seed],
@@ -295,9 +296,8 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "train_invalid_share": bad / max(turns, 1),
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
-        "outcomes": [o for s in per_seed for o in s["after"]["all"]["outcomes"]],
-        **paired_change([o for s in per_seed for o in s["after"]["all"]["outcomes"]],
-                        [o for s in per_seed for o in s["before_outcomes"]]),
+        "outcomes": outcomes,
+        **paired_change(outcomes, [o for s in per_seed for o in s["before_outcomes"]]),
     }
 
 

@@ -445,12 +445,12 @@ def trained_env_kwargs(path: os.PathLike, env_id: str) -> dict:
 def trained_window(path: os.PathLike) -> Optional[int]:
     """The history window (turns) of the contexts a tiny build at ``path`` was trained on; None for
     whole episodes and for other models. Play it with the same window."""
-    window = _trained_config(path).get("window")
-    if window is None:
-        return None
-    if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-        raise ValueError(f"{Path(path) / 'twice_model.json'}: window must be an int >= 0 or null, got {window!r}")
-    return window
+    from twice_envs.agents.sequence import check_window
+
+    try:
+        return check_window(_trained_config(path).get("window"))
+    except ValueError as exc:
+        raise ValueError(f"{Path(path) / 'twice_model.json'}: {exc}") from None
 
 
 def same_build(a: os.PathLike, b: os.PathLike) -> bool:
