@@ -294,6 +294,8 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "aux_tokens_per_update": float(np.mean([r["aux_tokens"] for r in rows])) if rows else 0.0,
         "seconds_per_update": float(np.mean([r["time"] for r in rows])) if rows else 0.0,
         "train_invalid_share": bad / max(turns, 1),
+        # only groups whose returns differ get outcome credit: the share says how much signal training had
+        "train_mixed_groups": float(np.mean([r.get("mixed_groups", float("nan")) for r in rows])) if rows else float("nan"),
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
         "outcomes": outcomes,
@@ -355,7 +357,8 @@ def report(results: dict) -> str:
                      f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, valid {b['valid_share']:.3f}, "
                      f"reward {b.get('mean_reward', float('nan')):.3f}")
         lines.append(f"  {'method':<7} {'after':>6} {'95% CI':>15} {'n':>5} {'change (paired) [95% CI]':>26} "
-                     f"{'aux tok/upd':>11} {'s/upd':>6} {'train invalid':>13} {'valid after':>11} {'reward after':>12}")
+                     f"{'aux tok/upd':>11} {'s/upd':>6} {'train invalid':>13} {'mixed groups':>12} {'valid after':>11} "
+                     f"{'reward after':>12}")
         ms = r["methods"]
         for m, x in ms.items():
             reward = x.get("eval_mean_reward", float("nan"))
@@ -363,7 +366,8 @@ def report(results: dict) -> str:
             change = f"{x.get('change', float('nan')):+.3f} [{ch[0]:+.3f}, {ch[1]:+.3f}]"
             lines.append(f"  {m:<7} {x['success']:6.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
                          f"{x['episodes']:5d} {change:>26} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
-                         f"{x['train_invalid_share']:13.3f} {x.get('eval_valid_share', float('nan')):11.3f} {reward:12.3f}")
+                         f"{x['train_invalid_share']:13.3f} {x.get('train_mixed_groups', float('nan')):12.3f} "
+                         f"{x.get('eval_valid_share', float('nan')):11.3f} {reward:12.3f}")
         if ms:
             lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}))
             better = [m for m, x in ms.items() if x.get("improves")]

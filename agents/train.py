@@ -414,6 +414,17 @@ def method_credit(method: str, policy, episodes, **kwargs) -> CreditResult:
     return credit_step(method, policy, episodes, **kwargs)
 
 
+def mixed_group_share(episodes) -> float:
+    """Share of the task groups whose episodes did not all end with the same return.
+
+    Outcome-based credit (GRPO's, and GiGPO's episode term) is zero on every episode of a
+    group whose returns are all equal, so only these groups move the policy."""
+    returns: dict = {}
+    for ep in episodes:
+        returns.setdefault(ep.group, set()).add(round(float(ep.utility), 9))
+    return sum(len(r) > 1 for r in returns.values()) / max(len(returns), 1)
+
+
 def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics."""
     from twice_envs.agents.rollout import rollout
@@ -446,6 +457,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         "aux_tokens": int(credit.aux_tokens),
         "realised_beta": credit.aux_tokens / max(gen, 1),
         "turns_per_episode": float(np.mean([len(e.turns) for e in episodes])),
+        "mixed_groups": mixed_group_share(episodes),
         # turns holding no admissible action (the env flags them); benchmarks report the share
         "turns": sum(len(e.turns) for e in episodes),
         "invalid_turns": sum(t.invalid for e in episodes for t in e.turns),

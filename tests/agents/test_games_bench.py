@@ -87,6 +87,7 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
         rows = [json.loads(l) for l in (tmp_path / "WebShop-v0" / f"{m}-s0" / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 1 and 2 <= rows[0]["turns"] <= 4  # 1 task x 2 episodes of 1-2 turns
         assert x["train_invalid_share"] == rows[0]["invalid_turns"] / rows[0]["turns"]
+        assert x["train_mixed_groups"] == rows[0]["mixed_groups"] in (0.0, 1.0)  # one group of 2 episodes
         assert x["episodes"] == 2 and x["success"] in (0.0, 0.5, 1.0)
         assert x["success_ci"][0] <= x["success"] <= x["success_ci"][1]
         # before and after are paired episode by episode: the change is the difference of the two success rates
@@ -96,7 +97,7 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
     # GRPO and GiGPO run no auxiliary rollouts
     assert r["methods"]["grpo"]["aux_tokens_per_update"] == 0 == r["methods"]["gigpo"]["aux_tokens_per_update"]
     text = gb.report(res)
-    assert "ordering:" in text and "5-point difference" in text and "valid after" in text
+    assert "ordering:" in text and "5-point difference" in text and "valid after" in text and "mixed groups" in text
     assert "improve on the start model" in text
     # every two methods pair up on their shared evaluation noise
     assert len(r["pairs"]) == 6 and r["pairs"]["grpo-twice"]["change"] == pytest.approx(

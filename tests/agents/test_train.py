@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from twice_envs.agents.train import (CheckpointError, RunExistsError, TrainConfig, eval_main, evaluate,
-                                     load_run_policy, read_checkpoint, read_run_config, train)
+                                     load_run_policy, mixed_group_share, read_checkpoint, read_run_config, train)
 from twice_envs.errors import DataFormatError
 
 from .train_helpers import one_torch_thread, small_policy, toy_config  # noqa: F401
@@ -50,6 +50,7 @@ def test_every_method_trains_and_logs_its_metrics(tmp_path, policy_factory, meth
     m = train(toy_config(tmp_path, method=method, updates=1), policy=policy_factory(), progress=False)[0]
     for k in ("reward", "em", "generated_tokens", "aux_tokens", "realised_beta", "loss", "kl", "time"):
         assert k in m
+    assert 0.0 <= m["mixed_groups"] <= 1.0
     assert m["generated_tokens"] > 0
     if method == "grpo":
         assert m["aux_tokens"] == 0
@@ -243,3 +244,13 @@ def test_training_prints_a_line_per_update_to_stderr(tmp_path, policy_factory, c
     assert f"dev EM {m[1]['eval']['em']:.3f}" in err[1] and "dev EM" not in err[0]
     train(toy_config(tmp_path / "quiet", updates=1), policy=policy_factory(), progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_mixed_groups_are_the_groups_whose_returns_differ():
+    from types import SimpleNamespace as E
+
+    eps = [E(group=0, utility=1.0), E(group=0, utility=1.0),  # all equal: no outcome credit
+           E(group=1, utility=0.0), E(group=1, utility=0.5),  # graded returns differ
+           E(group=2, utility=0.0), E(group=2, utility=0.0), E(group=2, utility=1.0)]
+    assert mixed_group_share(eps) == pytest.approx(2 / 3)
+    assert mixed_group_share(eps[:2]) == 0.0 and mixed_group_share([]) == 0.0
