@@ -36,7 +36,8 @@ class GameSetting:
     heldout_split: Optional[str] = None
     """Reset-option split of held-out tasks (WebShop goals), None where the kwargs pick them."""
     max_turns: int = 12
-    """Turn cap of an episode."""
+    """Turn cap of an episode (a tiny start model is played with the cap of its transcripts instead,
+    :func:`~twice_envs.agents.recipes.trained_max_turns`)."""
     max_new_tokens: int = 32
     """Tokens per turn at most (an action is under 20 tokens)."""
     window: Optional[int] = None
@@ -187,7 +188,7 @@ class GamesBenchConfig:
     model: Optional[dict] = None
     """Start model per env id (None: the env's tiny game model)."""
     max_turns: Optional[int] = None
-    """Turn cap of training and held-out episodes (None: the env's :data:`GAMES` setting)."""
+    """Turn cap of training and held-out episodes (None: the start model's, else the env's :data:`GAMES` setting)."""
     max_new_tokens: Optional[int] = None
     """Tokens per turn at most (None: the env's :data:`GAMES` setting)."""
 
@@ -202,16 +203,18 @@ class GamesBenchConfig:
 
     def setting(self, env_id: str) -> GameSetting:
         """The env's :data:`GAMES` setting with this run's overrides; the env is made with the kwargs
-        the start model was trained with (:func:`~twice_envs.agents.recipes.trained_env_kwargs`), and with
-        its history window unless the setting names one."""
+        the start model was trained with (:func:`~twice_envs.agents.recipes.trained_env_kwargs`), with
+        its history window unless the setting names one, and with its turn cap
+        (:func:`~twice_envs.agents.recipes.trained_max_turns`) unless ``max_turns`` is set."""
         from twice_envs.agents.models import resolve_model_dir
-        from twice_envs.agents.recipes import trained_env_kwargs, trained_window
+        from twice_envs.agents.recipes import trained_env_kwargs, trained_max_turns, trained_window
 
         s = GAMES[env_id]
         model_dir = resolve_model_dir(self.start_model(env_id))
         kwargs = {**s.env_kwargs, **trained_env_kwargs(model_dir, env_id)}
         window = s.window if s.window is not None else trained_window(model_dir)
-        return replace(s, env_kwargs=kwargs, max_turns=self.max_turns or s.max_turns,
+        turns = self.max_turns or trained_max_turns(model_dir) or s.max_turns
+        return replace(s, env_kwargs=kwargs, max_turns=turns,
                        max_new_tokens=self.max_new_tokens or s.max_new_tokens, window=window)
 
 

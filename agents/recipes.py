@@ -453,6 +453,18 @@ def trained_window(path: os.PathLike) -> Optional[int]:
         raise ValueError(f"{Path(path) / 'twice_model.json'}: {exc}") from None
 
 
+def trained_max_turns(path: os.PathLike) -> Optional[int]:
+    """The turn cap of the transcripts a tiny build at ``path`` was trained on; None for other models.
+    Evaluate it with the same cap: a model trained on 12-turn episodes has never played a 13th turn,
+    and one trained on 30 turns needs them to finish what it learned to do."""
+    turns = _trained_config(path).get("max_turns")
+    if turns is None:
+        return None
+    if isinstance(turns, bool) or not isinstance(turns, int) or turns < 1:
+        raise ValueError(f"{Path(path) / 'twice_model.json'}: max_turns must be an int >= 1, got {turns!r}")
+    return turns
+
+
 def same_build(a: os.PathLike, b: os.PathLike) -> bool:
     """Whether two tiny builds hold the same bytes in :data:`TINY_FILES`."""
     import hashlib

@@ -141,6 +141,15 @@ def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
     (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": "three"}}))
     with pytest.raises(ValueError, match="twice_model.json: window must be"):
         cfg.setting("ALFWorld-v0")
+    # the turn cap of its transcripts, unless the run sets one; the env's setting for other models
+    (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": 3}}))
+    assert cfg.setting("ALFWorld-v0").max_turns == gb.GAMES["ALFWorld-v0"].max_turns
+    (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": 3, "max_turns": 30}}))
+    assert cfg.setting("ALFWorld-v0").max_turns == 30
+    assert replace(cfg, max_turns=8).setting("ALFWorld-v0").max_turns == 8
+    (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"max_turns": 0}}))
+    with pytest.raises(ValueError, match="twice_model.json: max_turns must be"):
+        cfg.setting("ALFWorld-v0")
     (tmp_path / "twice_model.json").write_text("{not json")
     with pytest.raises(ValueError, match="twice_model.json"):
         cfg.setting("ALFWorld-v0")
