@@ -297,7 +297,7 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "aux_tokens_per_update": float(np.mean([r["aux_tokens"] for r in rows])) if rows else 0.0,
         "seconds_per_update": float(np.mean([r["time"] for r in rows])) if rows else 0.0,
         "train_invalid_share": bad / max(turns, 1),
-        # only groups whose returns differ get outcome credit: the share says how much signal training had
+        # only groups whose returns differ get outcome credit (GRPO's, GiGPO's episode term)
         "train_mixed_groups": float(np.mean([r.get("mixed_groups", float("nan")) for r in rows])) if rows else float("nan"),
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),

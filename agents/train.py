@@ -418,7 +418,7 @@ def mixed_group_share(episodes) -> float:
     """Share of the task groups whose episodes did not all end with the same return.
 
     Outcome-based credit (GRPO's, and GiGPO's episode term) is zero on every episode of a
-    group whose returns are all equal, so only these groups move the policy."""
+    group whose returns are all equal: the share says how much of an update carries outcome signal."""
     returns: dict = {}
     for ep in episodes:
         returns.setdefault(ep.group, set()).add(round(float(ep.utility), 9))
