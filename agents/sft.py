@@ -24,12 +24,15 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
     one sequence per turn, each after its own context.
 
     Turns marked as deliberate mistakes (:class:`~twice_envs.envs.mistakes.Mistake`) are weighted
-    ``mistake_weight`` instead of 1 (0: they stay in the context but are not imitated).
+    ``mistake_weight`` instead of 1 (0: they stay in the context but are not imitated); turns a
+    model played (:class:`~twice_envs.envs.mistakes.Played`) are weighted 0.
     """
     from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
-    from twice_envs.envs.mistakes import Mistake
+    from twice_envs.envs.mistakes import Mistake, Played
 
     def turn_weight(action: str) -> float:
+        if isinstance(action, Played):
+            return 0.0
         return float(mistake_weight) if isinstance(action, Mistake) else 1.0
 
     if window is not None:

@@ -123,3 +123,49 @@ def corpus_texts(env_ids: Sequence[str]) -> list[str]:
         questions = getattr(res, "questions", None) or {}
         out += [q.question for q in questions.get("train", [])]
     return out
+
+
+def relabelled_episodes(policy, env_id: str, n: int, *, seed: int = 0, max_turns: int = 6,
+                        window: Optional[int] = None, max_new_tokens: int = 64, agent_options: Optional[dict] = None,
+                        env_kwargs: Optional[dict] = None, reset_options: Optional[dict] = None,
+                        agent: Optional[Callable] = None) -> list[tuple[str, list[tuple[str, str]]]]:
+    """Transcripts of the states a model reaches, labelled by the scripted agent (DAgger).
+
+    ``policy`` plays ``n`` episodes of ``env_id`` at temperature 1 (task ``i`` is reset with seed
+    ``seed * 100_003 + i``, as in :func:`scripted_episodes`, and ``reset_options``) with the history
+    ``window`` it is used with. Each episode is then replayed in a fresh env, and before each of the
+    model's turns the env's scripted agent (or ``agent``), at skill 1 with ``agent_options``, names its own next
+    turn. Every such state gives one transcript ``(first_obs, [(played, obs), ..., (label, "")])``:
+    the model's turns that its context shows (the last ``window`` of them, all without a window),
+    marked :class:`~twice_envs.envs.mistakes.Played` (never imitated), then the scripted agent's turn.
+    A turn the agent plays as a :class:`~twice_envs.envs.mistakes.Mistake` (its expert gave up) is
+    no label and is skipped; an episode whose replay leaves the recorded one is dropped from there on.
+    """
+    import twice_envs
+    from twice_envs.agents.policy import SamplingConfig
+    from twice_envs.agents.rollout import Task, rollout
+    from twice_envs.envs.mistakes import Mistake, Played
+
+    agent = agent or scripted_agent(env_id) or _admissible_agent
+    options = dict(reset_options or {})
+    tasks = [Task(seed * 100_003 + i, dict(options)) for i in range(n)]
+    episodes = rollout(policy, env_id, tasks, group_size=1, env_kwargs=env_kwargs, noise_seed=seed, max_turns=max_turns,
+                       window=window, sampling=SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens))
+    env = twice_envs.make(env_id, **(env_kwargs or {}))
+    rng = np.random.default_rng([seed, 0xDA66])
+    out = []
+    for ep in episodes:
+        first_obs, _ = env.reset(seed=ep.seed, options=dict(ep.options) or None)
+        played: list[tuple[str, str]] = []
+        for turn in ep.turns:
+            label = agent(env, rng, 1.0, **(agent_options or {}))
+            if not isinstance(label, Mistake):
+                shown = played[len(played) - window:] if window and len(played) > window else played
+                out.append((first_obs, [(Played(a), o) for a, o in (shown if window != 0 else [])] + [(str(label), "")]))
+            obs, _r, term, trunc, _info = env.step(turn.text)
+            if obs != turn.obs:
+                break
+            played.append((turn.text, obs))
+            if term or trunc:
+                break
+    return out

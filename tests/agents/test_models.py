@@ -566,3 +566,67 @@ def test_rollout_cli_keeps_the_history_window_a_model_was_trained_with(tmp_path)
     assert load_episodes(out)[0].window == 2
     assert rollout_main(args + ["--window", "0"]) == 0
     assert load_episodes(out)[0].window == 0
+
+
+@pytest.mark.parametrize("window", [None, 0, 2])
+def test_relabelled_episodes_label_the_states_the_model_reaches(window):
+    # DAgger: the model plays, the scripted agent names its own turn in every state the model reached;
+    # each transcript shows the model's turns its context held (never imitated), then the label
+    from twice_envs.agents.rollout import Task, rollout
+    from twice_envs.agents.sft import sft_sequences
+    from twice_envs.agents.transcripts import relabelled_episodes
+    from twice_envs.envs.mistakes import Mistake, Played
+    from twice_envs.agents.policy import SamplingConfig
+
+    def agent(env, rng, skill, **_):
+        assert skill == 1.0
+        # a label that depends on the state, and a turn the agent gives up on
+        return Mistake("look") if env.turn == 1 else ("right" if env.unwrapped.pos % 2 == 0 else "left")
+
+    policy = tiny_policy()
+    out = relabelled_episodes(policy, "CoinChain-v0", 3, seed=4, max_turns=5, window=window, agent=agent)
+    played = rollout(policy, "CoinChain-v0", [Task(4 * 100_003 + i) for i in range(3)], group_size=1, noise_seed=4,
+                     max_turns=5, window=window, sampling=SamplingConfig(temperature=1.0, max_new_tokens=64))
+    expect = []
+    for ep in played:
+        env = twice_envs.make("CoinChain-v0")
+        first, _ = env.reset(seed=ep.seed)
+        for k, turn in enumerate(ep.turns):
+            if k != 1:
+                shown = [(t.text, t.obs) for t in ep.turns[:k]]
+                shown = shown if window is None else shown[len(shown) - window:] if window else []
+                expect.append((first, shown + [("right" if env.unwrapped.pos % 2 == 0 else "left", "")]))
+            env.step(turn.text)
+    assert out == expect and len(out) >= 3
+    assert all(isinstance(a, Played) for _, turns in out for a, _ in turns[:-1])
+    assert not any(isinstance(turns[-1][0], (Played, Mistake)) for _, turns in out)
+    # only the labels are scored, even where mistakes are imitated
+    tok = policy.tokenizer
+    scored = [t for ids, ws in sft_sequences(tok, out, 10**4, window=window, mistake_weight=1.0)
+              for t, w in zip(ids, ws) if w]
+    assert scored == [t for _, turns in out for t in tok.encode(turns[-1][0], add_special_tokens=False)]
+
+
+def test_a_continuation_adds_the_relabelled_states_of_its_base(tmp_path, monkeypatch):
+    # relabel_episodes: the start_from build plays, the scripted agent labels its states, and the
+    # continuation trains on them with the base's tokenizer
+    monkeypatch.setattr(recipes, "models_dir", lambda: tmp_path)
+    monkeypatch.setitem(recipes.RECIPES, "test-base", replace(TEST_CONFIG, steps=6))
+    cfg = replace(TEST_CONFIG, start_from="test-base", seed=3, steps=6, relabel_episodes=4, window=2)
+    out = recipes.build_tiny(tmp_path / "more", cfg, progress=False, recipe="test")
+    meta = json.loads((out / "twice_model.json").read_text())
+    assert meta["envs"]["CoinChain-v0"] == 40 and meta["envs"]["CoinChain-v0 relabelled"] >= 4
+    assert (out / "tokenizer.json").read_bytes() == (tmp_path / "recipe-test-base" / "tokenizer.json").read_bytes()
+    with pytest.raises(ValueError, match="start_from"):
+        recipes.build_tiny(tmp_path / "bad", replace(cfg, start_from=None), progress=False, recipe="test")
+
+
+def test_every_continuation_starts_from_a_recipe_and_the_chains_end():
+    for name, cfg in recipes.RECIPES.items():
+        seen = [name]
+        while cfg.start_from is not None:
+            assert cfg.start_from in recipes.RECIPES and cfg.start_from not in seen, seen
+            seen.append(cfg.start_from)
+            cfg = recipes.RECIPES[cfg.start_from]
+        if recipes.RECIPES[name].relabel_episodes:
+            assert recipes.RECIPES[name].start_from is not None, name

@@ -21,6 +21,15 @@ class Mistake(str):
     __slots__ = ()
 
 
+class Played(str):
+    """A turn text that a model played, in a transcript whose next turn a scripted agent relabels
+    (:func:`~twice_envs.agents.transcripts.relabelled_episodes`): it stays in the context, as the
+    model saw it, and is never imitated, whatever weight mistakes get."""
+
+    __slots__ = ()
+
+
 def marked_like(original: str, text: str) -> str:
-    """``text`` marked as a :class:`Mistake` when ``original`` is one (for augmenters that rewrite turns)."""
-    return Mistake(text) if isinstance(original, Mistake) else text
+    """``text`` with the mark of ``original`` (:class:`Mistake`, :class:`Played` or none), for augmenters
+    that rewrite turns."""
+    return type(original)(text) if isinstance(original, (Mistake, Played)) else text
