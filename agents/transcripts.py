@@ -146,6 +146,8 @@ def relabelled_episodes(policy, env_id: str, n: int, *, seed: int = 0, max_turns
     from twice_envs.agents.rollout import Task, rollout
     from twice_envs.envs.mistakes import Mistake, Played
 
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"the number of relabelled episodes must be an int >= 0, got {n!r}")
     agent = agent or scripted_agent(env_id) or _admissible_agent
     options = dict(reset_options or {})
     tasks = [Task(seed * 100_003 + i, dict(options)) for i in range(n)]
@@ -160,8 +162,8 @@ def relabelled_episodes(policy, env_id: str, n: int, *, seed: int = 0, max_turns
         for turn in ep.turns:
             label = agent(env, rng, 1.0, **(agent_options or {}))
             if not isinstance(label, Mistake):
-                shown = played[len(played) - window:] if window and len(played) > window else played
-                out.append((first_obs, [(Played(a), o) for a, o in (shown if window != 0 else [])] + [(str(label), "")]))
+                shown = played if window is None else played[-window:] if window else []
+                out.append((first_obs, [(Played(a), o) for a, o in shown] + [(str(label), "")]))
             obs, _r, term, trunc, _info = env.step(turn.text)
             if obs != turn.obs:
                 break

@@ -605,6 +605,8 @@ def test_relabelled_episodes_label_the_states_the_model_reaches(window):
     scored = [t for ids, ws in sft_sequences(tok, out, 10**4, window=window, mistake_weight=1.0)
               for t, w in zip(ids, ws) if w]
     assert scored == [t for _, turns in out for t in tok.encode(turns[-1][0], add_special_tokens=False)]
+    with pytest.raises(ValueError, match="relabelled episodes"):
+        relabelled_episodes(policy, "CoinChain-v0", -1, agent=agent)
 
 
 def test_a_continuation_adds_the_relabelled_states_of_its_base(tmp_path, monkeypatch):
