@@ -293,6 +293,8 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     torch = require("torch", "hf", "the tiny model")
     transformers = require("transformers", "hf", "the tiny model")
     cfg = config or RECIPES[recipe]
+    if cfg.relabel_episodes and not cfg.start_from:
+        raise ValueError("relabel_episodes needs start_from: the build whose states are relabelled")
     final = Path(out_dir) if out_dir is not None else models_dir() / TINY_NAME
     log = (lambda msg: print(f"[build-tiny] {msg}", file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     t0 = time.time()
@@ -334,14 +336,13 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
             texts += corpus_texts(envs)
         tokenizer = train_tokenizer(texts, cfg.vocab_size, whole)
     if cfg.relabel_episodes:
-        if base is None:
-            raise ValueError("relabel_episodes needs start_from: the build whose states are relabelled")
         from twice_envs.agents.policy import HFPolicy
         from twice_envs.agents.transcripts import relabelled_episodes
 
+        base_policy = HFPolicy.from_pretrained(base)
         for k, env_id in enumerate(envs):
             t_env = time.time()
-            eps = relabelled_episodes(HFPolicy.from_pretrained(base), env_id, cfg.relabel_episodes, seed=cfg.seed + 50 + k,
+            eps = relabelled_episodes(base_policy, env_id, cfg.relabel_episodes, seed=cfg.seed + 50 + k,
                                       max_turns=cfg.max_turns, window=cfg.window, max_new_tokens=cfg.relabel_tokens,
                                       agent_options=cfg.agent_options.get(env_id),
                                       env_kwargs=transcript_env_kwargs(cfg, env_id),

@@ -144,6 +144,7 @@ def relabelled_episodes(policy, env_id: str, n: int, *, seed: int = 0, max_turns
     import twice_envs
     from twice_envs.agents.policy import SamplingConfig
     from twice_envs.agents.rollout import Task, rollout
+    from twice_envs.agents.sequence import _kept
     from twice_envs.envs.mistakes import Mistake, Played
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
@@ -162,8 +163,7 @@ def relabelled_episodes(policy, env_id: str, n: int, *, seed: int = 0, max_turns
         for turn in ep.turns:
             label = agent(env, rng, 1.0, **(agent_options or {}))
             if not isinstance(label, Mistake):
-                shown = played if window is None else played[-window:] if window else []
-                out.append((first_obs, [(Played(a), o) for a, o in shown] + [(str(label), "")]))
+                out.append((first_obs, [(Played(a), o) for a, o in _kept(played, window)] + [(str(label), "")]))
             obs, _r, term, trunc, _info = env.step(turn.text)
             if obs != turn.obs:
                 break
