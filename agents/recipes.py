@@ -85,10 +85,11 @@ class TinyModelConfig:
     """Also train the tokenizer on the text of the envs' corpora and training questions (SearchQA's
     generated encyclopedia); with a vocabulary of about 8k most entity names become one token."""
     id_tokens: bool = False
-    """Give every id the envs' pages show and actions copy (WebShop's product ids) a token of its
-    own (:func:`~twice_envs.agents.tokenizer.train_tokenizer`), so the id reads the same on a page
-    and in an action. The model then knows the ids of the catalogue it was built on; ids of
-    another catalogue are split into BPE tokens as before."""
+    """Give every name the envs' pages show and actions copy a token of its own
+    (:data:`~twice_envs.agents.transcripts.ENTITY_TOKENS`: WebShop's product ids, ALFWorld's object
+    and receptacle type names; :func:`~twice_envs.agents.tokenizer.train_tokenizer`), so the name
+    reads as the same single token in a task, on a page and in an action. Names the build did not
+    know (another catalogue's ids) are split into BPE tokens as before."""
     hidden_size: int = 128
     """Model width."""
     num_layers: int = 4

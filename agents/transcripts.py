@@ -93,17 +93,28 @@ def available_envs(env_ids: Sequence[str]) -> list[str]:
     return ok
 
 
+#: Whole-token providers, ``env id -> "module:function"``; each is ``f(env) -> list[str]``: strings
+#: that the env's observations show and its actions copy, each to become one token of the tiny
+#: model's tokenizer (``TinyModelConfig.id_tokens``).
+ENTITY_TOKENS: dict[str, str] = {
+    "WebShop-v0": "twice_envs.envs.webshop.scripted:catalogue_ids",
+    "ALFWorld-v0": "twice_envs.envs.alfworld.scripted:type_names",
+}
+
+
 def entity_ids(env_ids: Sequence[str]) -> list[str]:
-    """Ids that the pages of ``env_ids`` show and actions copy (WebShop's product ids, from its catalogue)."""
+    """Whole tokens of ``env_ids`` (:data:`ENTITY_TOKENS`: WebShop's product ids, ALFWorld's object
+    and receptacle type names); envs without a provider add none."""
     import twice_envs
 
     out: list[str] = []
     for env_id in env_ids:
+        provider = scripted_agent(env_id, ENTITY_TOKENS)
+        if provider is None:
+            continue
         env = twice_envs.make(env_id)
         env.reset(seed=0)
-        catalogue = getattr(getattr(env.unwrapped, "res", None), "catalogue", None)
-        if catalogue is not None:
-            out += [catalogue[i].asin for i in range(len(catalogue))]
+        out += list(provider(env))
     return out
 
 

@@ -170,3 +170,35 @@ def test_notes_name_the_object_to_find_then_where_it_goes():
     phases = [n for k, n in enumerate(notes) if k == 0 or n != notes[k - 1]]
     assert phases == [f"find {obj}", f"{obj} to {target}", f"find {obj}", f"{obj} to {target}"]
     assert task_note(env) == f"find {obj}"
+
+
+def test_type_names_are_whole_tokens_in_the_task_the_observation_and_the_command():
+    import re
+
+    from twice_envs.agents.tokenizer import train_tokenizer
+    from twice_envs.envs.alfworld.scripted import type_names
+
+    names = type_names()
+    assert len(set(names)) == len(names) and all(n.startswith(" ") and n[1:].isalpha() for n in names)
+    env = twice_envs.make("ALFWorld-v0", show_admissible=True)
+    texts, seen = [], set()
+    rng = np.random.default_rng(0)
+    for seed in range(6):
+        obs, info = env.reset(seed=seed)
+        texts.append(obs)
+        for _ in range(4):
+            command = scripted_turns(env, rng, 0.5)
+            obs, *_ = env.step(command)
+            texts += [command, obs]
+    for text in texts:
+        seen |= {" " + w for w in re.findall(r"\b([a-z]+) \d+\b", text)}
+    assert seen and seen <= set(names)  # every instance name the games show is a whole token
+    tok = train_tokenizer(texts, 400, names)
+    for text in texts:
+        pieces = tok.convert_ids_to_tokens(tok.encode(text, add_special_tokens=False))
+        for word in re.findall(r" [a-z]+(?= \d)", text):
+            assert word in pieces, (word, text[:80])
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+    # a name never matches inside another word ("pen" in "open")
+    pieces = tok.convert_ids_to_tokens(tok.encode("you open it", add_special_tokens=False))
+    assert not set(pieces) & ({n for n in names} | {n.strip() for n in names})

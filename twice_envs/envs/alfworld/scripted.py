@@ -46,6 +46,20 @@ def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0, tagged: bo
     return Mistake(text) if isinstance(command, Mistake) else text
 
 
+def type_names(env=None) -> list[str]:
+    """The object and receptacle type names of the game generator's rooms, lowercase and after a
+    space as the observations write them (``" apple"``, ``" countertop"``): whole tokens of a tiny
+    model, so that a name reads as one token in the task, the observation and the command. The
+    space keeps a name from matching inside a word (``" pen"`` not in ``"open"``); a longer word
+    that starts with a name (``" apples"``) still starts with its token. ``env`` is unused: every
+    game of the generator draws its names from these."""
+    from twice_envs.envs.alfworld.generator import LAYOUTS, OBJECTS, ROOM_KINDS
+
+    types = set(OBJECTS) | {r for layout in LAYOUTS.values() for r, _ in layout.receptacles}
+    types |= {r for receptacles, _ in ROOM_KINDS.values() for r in receptacles}
+    return sorted(" " + t.lower() for t in types)
+
+
 def task_note(env) -> str:
     """What the agent is after, read from what it has seen: ``find <object>`` until it holds the
     task's object, then ``<object> to <target>`` (the receptacle, or the lamp of a look-at task).

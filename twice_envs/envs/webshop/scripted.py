@@ -144,6 +144,12 @@ def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0) -> str:
     return Mistake(rand.act(obs, info))
 
 
+def catalogue_ids(env) -> list[str]:
+    """The product ids of ``env``'s catalogue (whole tokens of a tiny model: pages show them, clicks copy them)."""
+    catalogue = env.unwrapped.res.catalogue
+    return [catalogue[i].asin for i in range(len(catalogue))]
+
+
 #: A word that may be a product id (ids are checked against the catalogue before one is swapped).
 _ID_LIKE = re.compile(r"\b[A-Za-z0-9]{10}\b")
 
@@ -157,8 +163,7 @@ def reassigned_ids(env, episodes: list, copies: int, rng: np.random.Generator) -
     no longer goes with its product: a model trained on the copies must copy the ids from the
     page instead of recalling which id the products of a search had in training.
     """
-    catalogue = env.unwrapped.res.catalogue
-    pool = [catalogue[i].asin for i in range(len(catalogue))]
+    pool = catalogue_ids(env)
     known = {a.upper() for a in pool}
     out = []
     for first_obs, turns in episodes:
