@@ -109,6 +109,44 @@ def copy_sequences(vocab_size: int, n: int, length: tuple[int, int], *, first_id
     return out
 
 
+def match_sequences(n: int, names: Sequence[int], letters: Sequence[int], *, items: tuple[int, int] = (2, 8),
+                    filler: tuple[int, int] = (4, 40), seed: int = 0) -> list[tuple[list[int], list[float]]]:
+    """``n`` synthetic lookups, scored on their answer: ``filler Q key filler L [T name tag]... A answer``.
+
+    ``key`` and each listed ``name`` are drawn from ``names``, every other token from ``letters``
+    (``Q L A T G`` are the first five letters, markers). In half of the sequences one listed name
+    is the key, and the answer is that item (``T key tag``); otherwise no name is the key and the
+    answer is ``G``. Only a model that compares the key, far back, with every listed name lowers
+    this loss, which is the decision a text-game agent makes when it sees the object its task
+    names among others (take it, or search on)."""
+    rng = np.random.default_rng([seed, 0x3A7C])
+    names, letters = np.asarray(names, dtype=np.int64), np.asarray(letters, dtype=np.int64)
+    if names.size < items[1] + 1 or letters.size < 6:
+        raise ValueError(f"match_sequences needs more than {items[1]} names and 6 letters")
+    q, l, a, t, g = (int(x) for x in letters[:5])
+    rest = letters[5:]
+
+    def run(lo: int, hi: int) -> list[int]:
+        return rest[rng.integers(0, rest.size, size=int(rng.integers(lo, hi + 1)))].tolist()
+
+    out = []
+    for _ in range(n):
+        m = int(rng.integers(items[0], items[1] + 1))
+        drawn = rng.choice(names.size, size=m + 1, replace=False)
+        key, listed = int(names[drawn[0]]), [int(x) for x in names[drawn[1:]]]
+        hit = bool(rng.random() < 0.5)
+        if hit:
+            listed[int(rng.integers(m))] = key
+        tags = rest[rng.integers(0, rest.size, size=m)].tolist()
+        ids = run(*filler) + [q, key] + run(*filler) + [l]
+        for name, tag in zip(listed, tags):
+            ids += [t, name, tag]
+        answer = [t, key, tags[listed.index(key)]] if hit else [g]
+        ids += [a]
+        out.append((ids + answer, [0.0] * len(ids) + [1.0] * len(answer)))
+    return out
+
+
 def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
               seed: int = 0, pad_id: int = 0, log: Callable[[str], None] = lambda m: None,
               stop_loss: Optional[float] = None, length_buckets: bool = False) -> list[float]:

@@ -13,6 +13,7 @@ import twice_envs
 from tests.agents._tiny import TEST_CONFIG, tiny_dir, tiny_policy
 from twice_envs.agents import models, recipes
 from twice_envs.agents.bench import rollout_main as bench_rollout_main
+from twice_envs.agents.sft import match_sequences
 from twice_envs.agents.bench import sampler_main
 from twice_envs.agents.rollout_cli import load_episodes, rollout_main
 from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
@@ -475,6 +476,48 @@ def test_the_id_drill_copies_runs_of_the_id_tokens_after_the_first_drill(monkeyp
     id_range = set(range(cfg.vocab_size, cfg.vocab_size + len(ids)))
     assert set(drill) == set(range(3, 100)) | id_range
     assert sum(t in id_range for t in drill) >= len(drill) // 2 - len(ids)  # about half the draws are ids
+
+
+def test_match_sequences_answer_with_the_listed_item_the_key_names():
+    names, letters = list(range(200, 260)), list(range(3, 40))
+    q, l, a, t, g = letters[:5]
+    seqs = match_sequences(400, names, letters, items=(2, 6), seed=3)
+    hits = 0
+    for ids, weights in seqs:
+        start = weights.index(1.0)
+        assert all(w == 1.0 for w in weights[start:]) and not any(weights[:start]) and ids[start - 1] == a
+        key = ids[ids.index(q) + 1]
+        body = ids[ids.index(l) + 1 : start - 1]
+        items = [body[k : k + 3] for k in range(0, len(body), 3)]
+        assert 2 <= len(items) <= 6 and all(item[0] == t and item[1] in names for item in items)
+        match = [item for item in items if item[1] == key]
+        assert len(match) <= 1 and ids[start:] == (match[0] if match else [g])
+        hits += bool(match)
+    assert 160 <= hits <= 240  # about half the lookups find their key
+    with pytest.raises(ValueError, match="names"):
+        match_sequences(1, names[:4], letters, items=(2, 6))
+
+
+def test_the_lookup_drill_draws_its_names_from_the_whole_tokens(monkeypatch, tmp_path):
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(n, names, letters, **kwargs):
+        seen.append((list(names), list(letters)))
+        raise Stop
+
+    ids = [f"ZQ{k:08d}" for k in range(20)]
+    monkeypatch.setattr(recipes, "match_sequences", capture)
+    monkeypatch.setattr(recipes, "entity_ids", lambda envs: ids)
+    for id_tokens in (True, False):
+        cfg = replace(TEST_CONFIG, id_tokens=id_tokens, copy_steps=2, copy_vocab=100, match_steps=3)
+        with pytest.raises(Stop):
+            models.build_tiny(tmp_path / "m", cfg, progress=False, recipe="test")
+    (names, letters), (plain_names, plain_letters) = seen
+    assert names == list(range(cfg.vocab_size, cfg.vocab_size + len(ids))) and letters == list(range(3, 100))
+    assert plain_names == list(range(8, 100)) and plain_letters == list(range(3, 100))  # the first five are markers
 
 
 @pytest.mark.parametrize("recipe_name", ["webshop", "alfworld"])
