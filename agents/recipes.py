@@ -407,9 +407,10 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
             log(f"copying warm-up: {cfg.copy_steps} steps, {warm.config.num_hidden_layers} layers")
             train_sft(warm, copy_seqs, steps=cfg.copy_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                       log=log, pad_id=tokenizer.pad_token_id, stop_loss=0.1)
+            # the first drill's alphabet, which the later drills draw from too
+            letters = list(range(len(SPECIAL_TOKENS), cfg.copy_vocab or len(tokenizer) - len(whole)))
             if cfg.copy_id_steps and whole:
                 # as many draws of the id tokens as of the first drill's alphabet
-                letters = list(range(len(SPECIAL_TOKENS), cfg.copy_vocab or len(tokenizer) - len(whole)))
                 ids = tokenizer.convert_tokens_to_ids(whole)
                 alphabet = letters + ids * max(1, round(len(letters) / len(ids)))
                 log(f"copying drill over {len(ids)} id tokens: {cfg.copy_id_steps} steps")
@@ -418,7 +419,6 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                           steps=cfg.copy_id_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed + 1, log=log,
                           pad_id=tokenizer.pad_token_id)
             if cfg.match_steps:
-                letters = list(range(len(SPECIAL_TOKENS), cfg.copy_vocab or len(tokenizer) - len(whole)))
                 names = tokenizer.convert_tokens_to_ids(whole) if whole else letters[5:]  # the first five mark
                 log(f"lookup drill over {len(names)} names: {cfg.match_steps} steps")
                 train_sft(warm, match_sequences(4 * cfg.match_steps * cfg.batch_size, names, letters, seed=cfg.seed + 2),

@@ -29,8 +29,8 @@ AUGMENTERS: dict[str, str] = {
 
 
 def scripted_agent(env_id: str, table: Optional[dict] = None) -> Optional[Callable]:
-    """The scripted agent (or, with ``table=AUGMENTERS``, the augmenter) of ``env_id``; None when it has
-    none or its module cannot be imported here."""
+    """The scripted agent of ``env_id`` (or, with ``table=AUGMENTERS`` or ``ENTITY_TOKENS``, its entry of
+    that table); None when it has none or its module cannot be imported here."""
     target = (SCRIPTED_AGENTS if table is None else table).get(env_id)
     if target is None:
         return None
