@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,73 @@ def test_type_names_are_whole_tokens_in_the_task_the_observation_and_the_command
     # a name never matches inside another word ("pen" in "open")
     pieces = tok.convert_ids_to_tokens(tok.encode("you open it", add_special_tokens=False))
     assert not set(pieces) & ({n for n in names} | {n.strip() for n in names})
+
+
+def _searcher_episode(env, index: int, max_turns: int = 30):
+    from twice_envs.envs.alfworld.scripted import WindowSearcher
+
+    searcher = WindowSearcher()
+    env.reset(seed=0, options={"index": index})
+    windows, info = [], {}
+    for _ in range(max_turns):
+        command = searcher.act(env)
+        traj = env.unwrapped.trajectory
+        windows.append((traj.observations[0], traj.actions[-1:], traj.observations[-1], dict(env.unwrapped.last_info), command))
+        _, _, term, trunc, info = env.step(f"<action>{command}</action>")
+        if term or trunc:
+            break
+    return windows, info
+
+
+def test_the_window_searcher_wins_the_held_out_games_from_what_a_one_turn_window_shows():
+    from types import SimpleNamespace
+
+    from twice_envs.envs.alfworld.scripted import WindowSearcher
+
+    env = twice_envs.make("ALFWorld-v0", show_admissible=True, split="valid_unseen")
+    searcher, won, checked = WindowSearcher(), 0, 0
+    for index in range(8):
+        windows, info = _searcher_episode(env, index)
+        won += bool(info.get("won"))
+        game = env.unwrapped.game
+        for first, last, current, last_info, command in windows:
+            # the same command from an env that keeps nothing but the window
+            seen = SimpleNamespace(game=game, last_info=last_info,
+                                   trajectory=SimpleNamespace(actions=last, observations=[first, current]))
+            assert searcher.act(seen) == command
+            checked += 1
+    assert won >= 7, won
+    assert checked > 8 * 8
+
+
+def test_scripted_turns_follow_the_searcher_when_asked():
+    env = twice_envs.make("ALFWorld-v0", show_admissible=True, split="valid_unseen")
+    windows, _ = _searcher_episode(env, 2)
+    rng = np.random.default_rng(0)
+    env.reset(seed=0, options={"index": 2})
+    for *_, command in windows[:10]:
+        turn = scripted_turns(env, rng, skill=1.0, tagged=True, searcher=True)
+        assert turn == f"<action>{command}</action>"
+        env.step(turn)
+
+
+def test_searcher_notes_name_the_instance_it_takes_and_where_the_held_object_goes():
+    env = twice_envs.make("ALFWorld-v0", show_admissible=True, split="valid_unseen")
+    rng = np.random.default_rng(0)
+    env.reset(seed=0, options={"index": 0})
+    params = env.unwrapped.game.pddl_params
+    obj = params["object_target"].lower()
+    dest = (params.get("parent_target") or params.get("toggle_target")).lower()
+    kinds = set()
+    for _ in range(30):
+        turn = scripted_turns(env, rng, skill=1.0, searcher=True, notes=True)
+        note, command = re.match(r"<think>(.*)</think><action>(.*)</action>$", turn).groups()
+        holding = any(a.startswith(f"move {obj} ") for a in env.unwrapped.last_info["admissible_actions"])
+        taken = re.match(rf"take ({obj} \d+) from ", command)
+        expected = f"{obj} to {dest}" if holding else taken.group(1) if taken else obj
+        assert note == expected, (note, command)
+        kinds.add("holding" if holding else "take" if taken else "search")
+        _, _, term, trunc, info = env.step(turn)
+        if term or trunc:
+            break
+    assert info["won"] and kinds == {"holding", "take", "search"}

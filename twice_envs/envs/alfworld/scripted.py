@@ -4,7 +4,9 @@
 and a random admissible command otherwise, so transcripts mix good and bad decisions and
 their outcomes vary. The expert is the engine's planner (optimal, but it knows where every
 object is) or, in a share ``handcoded`` of the episodes, ALFWorld's hand-coded expert
-(which searches receptacles one by one, as an agent that sees only the text must). With
+(which searches receptacles one by one, as an agent that sees only the text must), or, with
+``searcher=True``, the :class:`WindowSearcher`, whose every command follows from what a
+one-turn window shows. With
 ``tagged=True`` the command is written in the env's turn format (``<action>...</action>``),
 as a model imitating it should write it; with ``notes=True`` a short note of what the agent is
 after comes first (``<think>find apple</think><action>go to fridge 1</action>``: the env reads
@@ -17,10 +19,11 @@ of such episodes with the instance numbers of receptacles and objects permuted.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
+from twice_envs.envs.alfworld.env import parse_action
 from twice_envs.envs.alfworld.expert import ALFWorldExpert, HandcodedExpert, as_turn
 from twice_envs.envs.mistakes import Mistake, marked_like
 
@@ -31,18 +34,20 @@ _EPISODE_EXPERT: dict[int, str] = {}
 
 
 def scripted_turns(env, rng: np.random.Generator, skill: float = 1.0, tagged: bool = False,
-                   handcoded: float = 0.0, notes: bool = False) -> str:
+                   handcoded: float = 0.0, notes: bool = False, searcher: bool = False) -> str:
     """An expert's command with probability ``skill``, else a random admissible one (marked as a
     :class:`~twice_envs.envs.mistakes.Mistake`); the expert
     of an episode is the hand-coded one with probability ``handcoded`` (drawn at its first turn),
     else the planner. With ``notes`` (implies ``tagged``) the command follows a short note of
-    what the agent is after (:func:`task_note`), ``<think>find apple</think><action>...</action>``."""
+    what the agent is after (:func:`task_note`), ``<think>find apple</think><action>...</action>``.
+    ``searcher=True`` plays every episode with the :class:`WindowSearcher` instead."""
     if env.turn == 0 or id(env) not in _EPISODE_EXPERT:
-        _EPISODE_EXPERT[id(env)] = "handcoded" if handcoded > 0 and rng.random() < handcoded else "planner"
+        _EPISODE_EXPERT[id(env)] = "searcher" if searcher else "handcoded" if handcoded > 0 and rng.random() < handcoded else "planner"
     command = _command(env, rng, skill, _EPISODE_EXPERT[id(env)])
     text = as_turn(command) if tagged or notes else command
     if notes:
-        text = f"<think>{task_note(env)}</think>{text}"
+        note = _expert("searcher").note(env, command) if searcher else task_note(env)
+        text = f"<think>{note}</think>{text}"
     return Mistake(text) if isinstance(command, Mistake) else text
 
 
@@ -84,9 +89,97 @@ def task_note(env) -> str:
     return f"{obj} to {target}" if holding and target else f"find {obj}"
 
 
+#: Where the three transforming tasks transform the object (the receptacle type named by their verb).
+_TOOLS = {"pick_clean_then_place_in_recep": ("clean", "sinkbasin"),
+          "pick_heat_then_place_in_recep": ("heat", "microwave"),
+          "pick_cool_then_place_in_recep": ("cool", "fridge")}
+#: The room description of the first observation ("... you see a cabinet 2, a cabinet 1, and a sofa 1.").
+_ROOM = re.compile(r"you see (.*?)\.(?:\n|$)")
+#: The receptacles it names, in its order.
+_NAMED = re.compile(r"\b(?:a|an) ([a-z]+ \d+)")
+
+
+class WindowSearcher:
+    """A text-only expert whose every command is a function of what a one-turn window shows: the
+    task, the room description of the first observation, its own last command and the observation
+    that answered it (which ends with the admissible commands).
+
+    It searches the receptacles in the order the room description lists them (from the one it
+    stands at to the next, cyclically), opens what is closed, takes an object of the task's type
+    that does not already lie in a target receptacle, transforms it at the first sink basin,
+    microwave or fridge the list names, carries it to the first target receptacle and puts it
+    there (a look-at task instead searches on for the lamp and switches it on). Holding something
+    else, it puts it down where it stands. Because it keeps no memory beyond the window, a model
+    with a one-turn window can imitate it exactly, which ALFWorld's hand-coded expert (which
+    remembers where it has been) does not allow.
+    """
+
+    def act(self, env: Any) -> str:
+        """The searcher's next command for ``env`` (an ALFWorld env or a wrapper of one)."""
+        base = getattr(env, "unwrapped", env)
+        if base.game is None:
+            raise TypeError("the searcher needs an ALFWorld env after reset()")
+        params = base.game.pddl_params
+        task = base.game.task_type
+        obj = str(params.get("object_target") or "").lower()
+        target = str(params.get("parent_target") or "").lower()
+        lamp = str(params.get("toggle_target") or "").lower()
+        actions = list(base.last_info.get("admissible_actions") or [])
+        last = parse_action(base.trajectory.actions[-1]) if base.trajectory.actions else ""
+        room = _NAMED.findall((_ROOM.search(base.trajectory.observations[0]) or [None, ""])[1])
+
+        def first(prefix: str) -> Optional[str]:
+            return next((a for a in actions if a.startswith(prefix)), None)
+
+        def go_next() -> str:
+            reachable = {a[len("go to "):] for a in actions if a.startswith("go to ")}
+            here = next((r for r in room if r not in reachable), None)
+            start = room.index(here) + 1 if here in room else 0
+            for r in room[start:] + room[:start]:
+                if r in reachable:
+                    return f"go to {r}"
+            return "look"
+
+        held = next((m.group(1) for a in actions if (m := re.match(r"move ([a-z]+ \d+) to ", a))), None)
+        if held is not None:
+            if held.split()[0] != obj:
+                return first(f"move {held} to ") or go_next()
+            if task == "look_at_obj_in_light":
+                return first(f"use {lamp} ") or go_next()
+            verb, tool = _TOOLS.get(task, (None, None))
+            if verb and not last.startswith(f"{verb} ") and not last.startswith(f"go to {target} "):
+                return first(f"{verb} {held} with ") or self._go_first(room, actions, tool) or go_next()
+            if last.startswith(f"go to {target} ") or (not verb and first(f"move {held} to {target} ")):
+                return first(f"open {target} ") or first(f"move {held} to {target} ") or go_next()
+            return self._go_first(room, actions, target) or go_next()
+        take = next((a for a in actions if re.match(rf"take {obj} \d+ from (?!{target} )", a)), None)
+        if task == "look_at_obj_in_light" and take is None and first(f"use {lamp} "):
+            return go_next()
+        return take or first("open ") or go_next()
+
+    def note(self, env: Any, command: str) -> str:
+        """What the searcher is after, as a note before ``command``: the task's object type
+        (``mug``), with the instance it takes when ``command`` takes one (``mug 2``), or where the
+        object it holds goes (``mug to shelf``). The instance comes right after the name, as the
+        observation writes it, so a model writes the number only where the observation shows one."""
+        base = getattr(env, "unwrapped", env)
+        params = base.game.pddl_params
+        obj = str(params.get("object_target") or "").lower()
+        dest = str(params.get("parent_target") or params.get("toggle_target") or "").lower()
+        actions = base.last_info.get("admissible_actions") or []
+        if any(a.startswith(f"move {obj} ") for a in actions):
+            return f"{obj} to {dest}"
+        taken = re.match(rf"take ({obj} \d+) from ", str(command))
+        return taken.group(1) if taken else obj
+
+    @staticmethod
+    def _go_first(room: list, actions: list, kind: str) -> Optional[str]:
+        return next((f"go to {r}" for r in room if r.startswith(kind + " ") and f"go to {r}" in actions), None)
+
+
 def _expert(kind: str):
     if kind not in _EXPERTS:
-        _EXPERTS[kind] = HandcodedExpert() if kind == "handcoded" else ALFWorldExpert(timeout_s=5.0)
+        _EXPERTS[kind] = {"handcoded": HandcodedExpert, "searcher": WindowSearcher}.get(kind, lambda: ALFWorldExpert(timeout_s=5.0))()
     return _EXPERTS[kind]
 
 
