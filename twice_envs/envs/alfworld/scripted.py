@@ -75,9 +75,8 @@ def task_note(env) -> str:
     must name it.
     """
     base = getattr(env, "unwrapped", env)
-    params = base.game.pddl_params if base.game is not None else {}
-    obj = str(params.get("object_target") or "").lower()
-    target = str(params.get("parent_target") or params.get("toggle_target") or "").lower()
+    obj, target, lamp = _task_names(base.game.pddl_params if base.game is not None else {})
+    target = target or lamp
     if not obj:
         return "explore"
     holding = False
@@ -87,6 +86,16 @@ def task_note(env) -> str:
         elif re.match(rf"You (?:move|put) the {re.escape(obj)} \d+", text):
             holding = False
     return f"{obj} to {target}" if holding and target else f"find {obj}"
+
+
+def _task_names(params: dict) -> tuple[str, str, str]:
+    """The task's object type, target receptacle type and lamp type, as the text writes them."""
+    return tuple(str(params.get(k) or "").lower() for k in ("object_target", "parent_target", "toggle_target"))
+
+
+def _held(actions: list) -> Optional[str]:
+    """The object the agent holds (``mug 2``), read from the ``move ... to ...`` commands it is offered."""
+    return next((m.group(1) for a in actions if (m := re.match(r"move ([a-z]+ \d+) to ", a))), None)
 
 
 #: Where the three transforming tasks transform the object (the receptacle type named by their verb).
@@ -119,14 +128,12 @@ class WindowSearcher:
         base = getattr(env, "unwrapped", env)
         if base.game is None:
             raise TypeError("the searcher needs an ALFWorld env after reset()")
-        params = base.game.pddl_params
         task = base.game.task_type
-        obj = str(params.get("object_target") or "").lower()
-        target = str(params.get("parent_target") or "").lower()
-        lamp = str(params.get("toggle_target") or "").lower()
+        obj, target, lamp = _task_names(base.game.pddl_params)
         actions = list(base.last_info.get("admissible_actions") or [])
         last = parse_action(base.trajectory.actions[-1]) if base.trajectory.actions else ""
-        room = _NAMED.findall((_ROOM.search(base.trajectory.observations[0]) or [None, ""])[1])
+        described = _ROOM.search(base.trajectory.observations[0])
+        room = _NAMED.findall(described.group(1)) if described else []
 
         def first(prefix: str) -> Optional[str]:
             return next((a for a in actions if a.startswith(prefix)), None)
@@ -134,13 +141,13 @@ class WindowSearcher:
         def go_next() -> str:
             reachable = {a[len("go to "):] for a in actions if a.startswith("go to ")}
             here = next((r for r in room if r not in reachable), None)
-            start = room.index(here) + 1 if here in room else 0
+            start = room.index(here) + 1 if here is not None else 0
             for r in room[start:] + room[:start]:
                 if r in reachable:
                     return f"go to {r}"
             return "look"
 
-        held = next((m.group(1) for a in actions if (m := re.match(r"move ([a-z]+ \d+) to ", a))), None)
+        held = _held(actions)
         if held is not None:
             if held.split()[0] != obj:
                 return first(f"move {held} to ") or go_next()
@@ -163,12 +170,10 @@ class WindowSearcher:
         object it holds goes (``mug to shelf``). The instance comes right after the name, as the
         observation writes it, so a model writes the number only where the observation shows one."""
         base = getattr(env, "unwrapped", env)
-        params = base.game.pddl_params
-        obj = str(params.get("object_target") or "").lower()
-        dest = str(params.get("parent_target") or params.get("toggle_target") or "").lower()
-        actions = base.last_info.get("admissible_actions") or []
-        if any(a.startswith(f"move {obj} ") for a in actions):
-            return f"{obj} to {dest}"
+        obj, target, lamp = _task_names(base.game.pddl_params)
+        held = _held(list(base.last_info.get("admissible_actions") or []))
+        if held is not None and held.split()[0] == obj:
+            return f"{obj} to {target or lamp}"
         taken = re.match(rf"take ({obj} \d+) from ", str(command))
         return taken.group(1) if taken else obj
 
