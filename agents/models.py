@@ -26,8 +26,8 @@ from twice_envs.agents.model_dirs import (
 )
 from twice_envs.agents.models_cli import models_main
 from twice_envs.agents.recipes import (
-    DEFAULT_RECIPE, NAMED_MODELS, RECIPES, TINY_FILES, TINY_RECIPE, TinyModelConfig, build_tiny, same_build,
-    shipped_dir, tiny_is_current,
+    DEFAULT_RECIPE, NAMED_MODELS, RECIPES, TINY_FILES, TINY_RECIPE, TinyModelConfig, build_tiny, ready_build,
+    same_build, shipped_dir, tiny_is_current,
 )
 from twice_envs.agents.sft import copy_sequences, stack_layers, train_sft
 from twice_envs.agents.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
@@ -44,16 +44,16 @@ __all__ = [
 
 def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> Path:
     """The local directory of a model name (``tiny``, ``tiny-alfworld``, ``tiny-webshop``,
-    ``smollm2-135m``) or path, building or converting it if needed (never downloading)."""
+    ``smollm2-135m``) or path, building or converting it if needed (never downloading). A named
+    model comes from the cache, else the package's shipped build, else its shipped adapters merged
+    into the base model's weights, else a build of its recipe."""
     if name_or_path in NAMED_MODELS:
         recipe = NAMED_MODELS[name_or_path]
         # a build in the cache (the user ran build-tiny) first, then the shipped copy
         path = models_dir() / name_or_path
-        if tiny_is_current(path, recipe):
-            return path
-        shipped = shipped_dir(recipe)
-        if shipped is not None and tiny_is_current(shipped, recipe):
-            return shipped
+        ready = ready_build(recipe, path)
+        if ready is not None:
+            return ready
         if not build:
             raise FileNotFoundError(f"the {name_or_path} model is not built yet (or by an older recipe): run "
                                     f"'twice models build-tiny --recipe {recipe}' ({path})")

