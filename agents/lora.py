@@ -42,9 +42,15 @@ class AdaptedLinear(torch.nn.Module):
 
     def merged(self) -> torch.nn.Linear:
         """The base layer with the update folded into its weight."""
-        with torch.no_grad():
-            self.base.weight += self.scale * (self.lora_b @ self.lora_a)
+        _fold(self.base, self.lora_a, self.lora_b, self.scale)
         return self.base
+
+
+def _fold(layer: torch.nn.Linear, a: torch.Tensor, b: torch.Tensor, scale: float) -> None:
+    """``W += scale * B A``: the one merge arithmetic, so a merged build and one rebuilt from its
+    saved state hold the same weights bit for bit."""
+    with torch.no_grad():
+        layer.weight += scale * (b.to(layer.weight.dtype) @ a.to(layer.weight.dtype))
 
 
 def _blocks(model) -> torch.nn.ModuleList:
@@ -110,5 +116,4 @@ def apply_adapter(model, state: dict[str, torch.Tensor], alpha: float) -> None:
         if a.shape[1] != layer.in_features or b.shape[0] != layer.out_features or a.shape[0] != b.shape[1]:
             raise ValueError(f"adapter state: {full} has shapes {tuple(a.shape)}, {tuple(b.shape)}, which do not "
                              f"fit a {layer.in_features} -> {layer.out_features} layer")
-        with torch.no_grad():
-            layer.weight += (alpha / a.shape[0]) * (b.to(layer.weight.dtype) @ a.to(layer.weight.dtype))
+        _fold(layer, a, b, alpha / a.shape[0])

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from twice_envs.agents.gguf import convert_smollm2, smollm2_gguf
+from twice_envs.agents.gguf import convert_smollm2, smollm2_dir, smollm2_gguf
 from twice_envs.agents.model_dirs import (
     SHIPPED_TINY, SMOLLM2_NAME, TINY_NAME, ModelFolderError, check_model_dir, models_dir, tiny_path,
 )
@@ -59,12 +59,7 @@ def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> P
                                     f"'twice models build-tiny --recipe {recipe}' ({path})")
         return build_tiny(path, recipe=recipe)
     if name_or_path.lower() in (SMOLLM2_NAME, "smollm2"):
-        path = models_dir() / SMOLLM2_NAME
-        if not (path / "config.json").exists():
-            if not build:
-                raise FileNotFoundError(f"smollm2-135m is not converted yet: run 'twice models smollm2' ({path})")
-            convert_smollm2(path)
-        return path
+        return smollm2_dir(build=build)
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").exists():
         raise FileNotFoundError(

@@ -506,12 +506,9 @@ def pretrained_dir(name_or_path: str) -> Path:
     """The folder of a pretrained model a recipe fine-tunes (``TinyModelConfig.base_model``):
     ``smollm2-135m``, converted into the cache on first use, or a local Hugging Face folder."""
     if name_or_path.lower() in (SMOLLM2_NAME, "smollm2"):
-        path = models_dir() / SMOLLM2_NAME
-        if not (path / "config.json").exists():
-            from twice_envs.agents.gguf import convert_smollm2
+        from twice_envs.agents.gguf import smollm2_dir
 
-            convert_smollm2(path)
-        return path
+        return smollm2_dir()
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"base model {name_or_path!r} is neither {SMOLLM2_NAME} nor a local Hugging Face "
