@@ -22,6 +22,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs.agents.devices import device_arg
+
 
 @dataclass(frozen=True)
 class GameSetting:
@@ -424,7 +426,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
     p.add_argument("--eval-only", action="store_true",
                    help="only evaluate the start models on the held-out tasks (per task type)")
+    p.add_argument("--device", default="cpu", type=device_arg,
+                   help="with --eval-only: where the models run (cpu, cuda, cuda:N); training runs on the CPU")
     a = p.parse_args(argv)
+    if not a.eval_only and a.device.split(":")[0] != "cpu":
+        p.error("--device applies with --eval-only: the comparison trains on the CPU")
     cfg = GamesBenchConfig(
         envs=tuple(e for e in a.envs.split(",") if e), methods=tuple(m for m in a.methods.split(",") if m),
         seeds=tuple(range(a.seeds)), updates=a.updates, tasks_per_update=a.tasks, group_size=a.group_size,
@@ -440,7 +446,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for env_id in cfg.envs:
             model = cfg.start_model(env_id)
             t0 = time.perf_counter()
-            res = evaluate_game(load_policy(model), env_id, samples=cfg.eval_samples or 4, tasks=cfg.eval_tasks,
+            res = evaluate_game(load_policy(model, device=a.device), env_id, samples=cfg.eval_samples or 4, tasks=cfg.eval_tasks,
                                 noise_seed=10**6, setting=cfg.setting(env_id))
             print(f"{env_id} {model}, held-out, temperature 1 ({time.perf_counter() - t0:.0f}s):")
             for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):

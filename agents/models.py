@@ -72,12 +72,16 @@ def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> P
 def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: str = "cpu", **kwargs: Any):
     """A :class:`~twice_envs.agents.policy.Policy` for a model name or a local HF directory.
 
-    ``backend="hf"`` runs transformers on ``device``; ``backend="vllm"`` needs vLLM installed.
+    ``backend="hf"`` runs transformers on ``device`` (one this machine lacks raises ``ValueError``
+    naming it); ``backend="vllm"`` needs vLLM installed.
     A folder that is missing, incomplete or corrupt raises an error naming it.
     """
     path = check_model_dir(resolve_model_dir(name_or_path))
     if backend == "hf":
+        from twice_envs.agents.devices import torch_device
         from twice_envs.agents.policy import HFPolicy
+
+        torch_device(device)  # a device this machine lacks is not the folder's fault
 
         try:
             return HFPolicy.from_pretrained(path, device=device, **kwargs)

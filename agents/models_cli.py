@@ -12,6 +12,7 @@ from typing import Sequence
 from twice_envs.agents import recipes
 from twice_envs.agents.gguf import convert_smollm2, smollm2_gguf
 from twice_envs.agents.model_dirs import SMOLLM2_NAME, models_dir
+from twice_envs.agents.devices import device_arg
 
 
 def _model_name(recipe: str) -> str:
@@ -28,7 +29,8 @@ def _check(args, cfg, parser) -> int:
         parser.error(f"--check rebuilds the shipped model: the {args.recipe} recipe without changes (only --threads)")
     tol = recipes.QualityTolerance(loss=args.loss_tolerance)
     with tempfile.TemporaryDirectory() as tmp:
-        out = recipes.build_tiny(Path(args.out or tmp) / _model_name(args.recipe), cfg, recipe=args.recipe)
+        out = recipes.build_tiny(Path(args.out or tmp) / _model_name(args.recipe), cfg, recipe=args.recipe,
+                                 device=args.device)
         em_questions = args.questions if "SearchQA-v0" in cfg.envs else 0
         ref = recipes.model_quality(shipped, cfg, episodes=args.transcripts, em_questions=em_questions)
         new = recipes.model_quality(out, cfg, episodes=args.transcripts, em_questions=em_questions)
@@ -56,6 +58,8 @@ def models_main(argv: Sequence[str]) -> int:
                    help=f"{recipes.DEFAULT_RECIPE} (default): the tiny model; "
                         + "; ".join(f"{r}: {n}" for n, r in recipes.NAMED_MODELS.items() if r != recipes.DEFAULT_RECIPE)
                         + "; format: faster, learns the action format only (see RECIPES)")
+    b.add_argument("--device", default="cpu", type=device_arg,
+                   help="where the model trains: cpu (default), cuda, cuda:N; the weights are saved from the CPU")
     b.add_argument("--force", action="store_true", help="rebuild even if cached")
     b.add_argument("--check", action="store_true",
                    help="rebuild a shipped recipe in a temporary folder (or --out) and check that its quality "
@@ -87,7 +91,7 @@ def models_main(argv: Sequence[str]) -> int:
         if recipes.tiny_is_current(out, args.recipe) and not args.force:
             print(f"{out}: already built (use --force to rebuild)")
             return 0
-        recipes.build_tiny(out, cfg, recipe=args.recipe)
+        recipes.build_tiny(out, cfg, recipe=args.recipe, device=args.device)
         print(out)
         return 0
     if args.cmd == "smollm2":

@@ -21,6 +21,7 @@ from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
+from twice_envs.agents.devices import torch_device
 from twice_envs.agents.sampling import KEY_MODES, KeyedLogitsProcessor, newline_token_table
 from twice_envs.keys import NoiseKey
 
@@ -209,14 +210,15 @@ class HFPolicy:
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, device: str = "cpu", prefix_reuse: bool = True,
                  prefix_cache_bytes: int = 1 << 30, num_threads: Optional[int] = -1) -> None:
+        device = torch_device(device)
         self.model = model.to(device)
         n_params = sum(p.numel() for p in model.parameters())
         if num_threads == -1:
-            num_threads = 1 if (str(device) == "cpu" and n_params < 20_000_000) else None
+            num_threads = 1 if (device.type == "cpu" and n_params < 20_000_000) else None
         self.num_threads = num_threads
         self.model.eval()
         self.tokenizer = tokenizer
-        self.device = torch.device(device)
+        self.device = device
         self.prefix_reuse = prefix_reuse
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
@@ -242,6 +244,8 @@ class HFPolicy:
                         **kwargs: Any) -> "HFPolicy":
         """Load a local Hugging Face model directory (never downloads)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch_device(device)  # before the weights load
 
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype or torch.float32)

@@ -329,13 +329,21 @@ RECIPES["webshop"] = replace(RECIPES["webshop-polish3"], start_from="webshop-pol
 
 
 def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
-               progress: bool = True, recipe: str = DEFAULT_RECIPE) -> Path:
+               progress: bool = True, recipe: str = DEFAULT_RECIPE, device: str = "cpu") -> Path:
     """Build the tiny model into ``out_dir`` (default: the cache) and return its path; ``config``
-    defaults to the :data:`RECIPES` entry ``recipe``, whose name is recorded with the build."""
+    defaults to the :data:`RECIPES` entry ``recipe``, whose name is recorded with the build.
+
+    ``device`` is where the model trains (``cpu``, ``cuda``, ...; a device this machine lacks is
+    refused before any work). The weights are saved from the CPU either way; float training is not
+    bit-identical across devices, so only a CPU build is compared byte for byte with a shipped one.
+    """
     torch = require("torch", "hf", "the tiny model")
     transformers = require("transformers", "hf", "the tiny model")
     cfg = config or RECIPES[recipe]
     from twice_envs.agents import lora
+    from twice_envs.agents.devices import torch_device
+
+    dev = torch_device(device)
 
     if cfg.relabel_episodes and not cfg.start_from:
         raise ValueError("relabel_episodes needs start_from: the build whose states are relabelled")
@@ -367,7 +375,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")
     if cfg.start_from and cfg.base_model:
         raise ValueError("start_from and base_model both name the weights to start from: set one")
-    base = recipe_build(cfg.start_from, progress=progress) if cfg.start_from else None
+    base = recipe_build(cfg.start_from, progress=progress, device=device) if cfg.start_from else None
     if cfg.base_model:
         base = pretrained_dir(cfg.base_model)
     whole = sorted(set(entity_ids(envs))) if cfg.id_tokens and base is None else []
@@ -387,7 +395,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         from twice_envs.agents.policy import HFPolicy
         from twice_envs.agents.transcripts import relabelled_episodes
 
-        base_policy = HFPolicy.from_pretrained(base)
+        base_policy = HFPolicy.from_pretrained(base, device=dev)
         for k, env_id in enumerate(envs):
             t_env = time.time()
             eps = relabelled_episodes(base_policy, env_id, cfg.relabel_episodes, seed=cfg.seed + 50 + k,
@@ -437,6 +445,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                                                   layers=range(-cfg.adapter_layers, 0), seed=cfg.seed)}
         log(f"adapters: rank {cfg.adapter_rank} in the top {cfg.adapter_layers} blocks, "
             f"{adapter['trainable'] / 1e6:.2f}M trainable parameters")
+    model.to(dev)
     try:
         if cfg.copy_steps and base is None:
             copy_seqs = copy_sequences(cfg.copy_vocab or len(tokenizer), 4 * cfg.copy_steps * cfg.batch_size, cfg.copy_length,
@@ -448,6 +457,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                 torch.manual_seed(cfg.seed)
                 warm = transformers.LlamaForCausalLM(small)
                 warm.get_input_embeddings().weight.data.copy_(model.get_input_embeddings().weight.data)
+                warm.to(dev)
             log(f"copying warm-up: {cfg.copy_steps} steps, {warm.config.num_hidden_layers} layers")
             train_sft(warm, copy_seqs, steps=cfg.copy_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
                       log=log, pad_id=tokenizer.pad_token_id, stop_loss=0.1)
@@ -475,6 +485,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     finally:
         torch.set_num_threads(threads_before)
     model.eval()
+    model.to("cpu")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     if adapter is not None:
@@ -485,7 +496,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "recipe_name": recipe, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
-            "train_tokens": n_tok, "seconds": round(time.time() - t0, 1)}
+            "train_tokens": n_tok, "seconds": round(time.time() - t0, 1), "device": str(dev)}
     if adapter is not None:
         meta["adapter"] = adapter
     (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
@@ -494,12 +505,12 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     return final
 
 
-def recipe_build(recipe: str, *, progress: bool = True) -> Path:
+def recipe_build(recipe: str, *, progress: bool = True, device: str = "cpu") -> Path:
     """The folder of a current build of ``recipe``: the cached one (under its model name, else
-    ``recipe-NAME``), else the shipped one, else a fresh build into the cache (a recipe that
-    another one starts from need not be shipped)."""
+    ``recipe-NAME``), else the shipped one, else a fresh build into the cache on ``device`` (a
+    recipe that another one starts from need not be shipped)."""
     cached = models_dir() / (model_name(recipe) or f"recipe-{recipe}")
-    return ready_build(recipe, cached) or build_tiny(cached, recipe=recipe, progress=progress)
+    return ready_build(recipe, cached) or build_tiny(cached, recipe=recipe, progress=progress, device=device)
 
 
 def pretrained_dir(name_or_path: str) -> Path:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from twice_envs.agents.devices import device_arg
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -84,7 +85,7 @@ def rollout_main(argv: Sequence[str]) -> int:
                         help="JSON kwargs for the env (default: those a tiny model was trained with, e.g. "
                              "show_admissible for tiny-alfworld)")
     parser.add_argument("--greedy", action="store_true", help="argmax decoding")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", type=device_arg, help="cpu (default), cuda, cuda:N or mps")
     parser.add_argument("--backend", default="hf", choices=("hf", "vllm"))
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
     args = parser.parse_args(argv)

@@ -152,6 +152,8 @@ def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, bat
               stop_loss: Optional[float] = None, length_buckets: bool = False) -> list[float]:
     """Supervised training on ``(input_ids, loss_weights)`` sequences (0: not scored); returns the loss per step.
 
+    Training runs where the model's parameters are (move the model to a GPU first to train there).
+
     With ``stop_loss``, training ends early once the mean loss of the last 25 steps is below it.
     With ``length_buckets``, each batch holds sequences of similar length (see :func:`bucket_batches`).
     """
@@ -203,8 +205,9 @@ def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64)
 def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss=None) -> None:
     import torch
 
+    device = next(model.parameters()).device
     for step in range(steps):
-        ids, mask, loss_mask = _pad([seqs[i] for i in next(batches)], pad_id)
+        ids, mask, loss_mask = (t.to(device) for t in _pad([seqs[i] for i in next(batches)], pad_id))
         # the LM head only at the positions that are scored (the generated turns, a small
         # share of the tokens): with a large vocabulary it would otherwise dominate the step
         hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
@@ -233,12 +236,13 @@ def teacher_forced_loss(model, seqs: Sequence[tuple[list[int], list[float]]], *,
     import torch
 
     total, weight_sum = 0.0, 0.0
+    device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     with torch.no_grad():
         for start in range(0, len(seqs), batch_size):
             batch = list(seqs[start: start + batch_size])
-            ids, mask, weight = _pad(batch, pad_id)
+            ids, mask, weight = (t.to(device) for t in _pad(batch, pad_id))
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             total += float((nll * weight[:, 1:]).sum())

@@ -57,14 +57,14 @@ def test_check_only_rebuilds_the_shipped_recipe(capsys, monkeypatch):
     # another thread count is the same recipe: the check builds it and compares its quality
     seen = {}
 
-    def fake_build(out, cfg, recipe):
-        seen.update(threads=cfg.threads, recipe=recipe)
+    def fake_build(out, cfg, recipe, device):
+        seen.update(threads=cfg.threads, recipe=recipe, device=device)
         shutil.copytree(models.SHIPPED_TINY, out)
         return out
 
     monkeypatch.setattr(recipes, "build_tiny", fake_build)
     assert models.models_main(["build-tiny", "--check", "--threads", "1", "--transcripts", "6", "--questions", "0"]) == 0
-    assert seen == {"threads": 1, "recipe": models.DEFAULT_RECIPE}
+    assert seen == {"threads": 1, "recipe": models.DEFAULT_RECIPE, "device": "cpu"}
     out = capsys.readouterr().out
     assert "same quality as the shipped model" in out and "bytes: identical" in out
 
@@ -73,7 +73,7 @@ def test_check_fails_on_a_rebuild_of_lower_quality(capsys, monkeypatch):
     torch = pytest.importorskip("torch")
     from safetensors.torch import load_file, save_file
 
-    def worse_build(out, cfg, recipe):
+    def worse_build(out, cfg, recipe, device):
         # what a broken rebuild looks like: the shipped weights with noise added
         shutil.copytree(models.SHIPPED_TINY, out)
         weights = load_file(str(out / "model.safetensors"))
