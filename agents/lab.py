@@ -350,17 +350,24 @@ def write_breakdowns(out: io.StringIO, per_turn: Sequence[dict], comparisons: Se
                      methods: Sequence[str], *, ratios: bool) -> None:
     """The per-turn table of ``methods`` and Twice's comparisons at no more auxiliary tokens
     (with the wrong-sign ratio where ``ratios`` and the comparison has one)."""
-    out.write("per turn (Pearson / wrong-sign %):\n")
+    def fig(x: float, spec: str) -> str:
+        return format(x, spec) if np.isfinite(x) else "n/a"
+
+    out.write("per turn (Pearson / wrong-sign %; n/a: undefined, e.g. the Pearson of a credit that does not vary):\n")
     for r in per_turn:
-        cells = "  ".join(f"{m}: {r[m + ' pearson']:.2f}/{100 * r[m + ' wrong_sign']:.0f}"
+        cells = "  ".join(f"{m}: {fig(r[m + ' pearson'], '.2f')}/{fig(100 * r[m + ' wrong_sign'], '.0f')}"
                           for m in methods if m + " pearson" in r)
         out.write(f"  turn {r['turn']:<3} n={r['decisions']:<5} {cells}\n")
     out.write("Twice vs baselines at no more auxiliary tokens (difference, 95% CI, significant?):\n")
     for c in comparisons:
         d = c["diff"]
+        if np.isfinite(d["value"]):
+            verdict = (f"{d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
+                       f"{'significant' if c['significant'] else 'not significant'}")
+        else:
+            verdict = "n/a: the figure is undefined for one of them on these decisions (no comparison)"
         out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
-                  f"({c['baseline_tokens']} tok): {d['value']:+.3f} [{d['lo']:+.3f}, {d['hi']:+.3f}] "
-                  f"{'significant' if c['significant'] else 'not significant'}"
+                  f"({c['baseline_tokens']} tok): {verdict}"
                   + (f"; ratio {_ci(c['ratio'])}" if ratios and "ratio" in c else "") + "\n")
 
 

@@ -81,3 +81,24 @@ def test_bench_learn_small():
     assert res["methods"]["grpo"]["aux"] == 0 and res["methods"]["twice"]["aux"] > 0
     assert res["methods"]["grpo"]["budget_ratio"] == 0 and res["methods"]["twice"]["budget_ratio"] > 0
     assert "updates to target" in bench_learn.format_learn(res)
+
+
+def test_breakdowns_say_n_a_where_a_figure_is_undefined():
+    import io
+
+    nan = float("nan")
+    per_turn = [{"turn": 0, "decisions": 3, "grpo pearson": 0.5, "grpo wrong_sign": 0.0,
+                 "twice J1 pearson": nan, "twice J1 wrong_sign": 0.0}]
+    comparisons = [
+        {"figure": "pearson", "twice": "twice J1", "twice_tokens": 9, "baseline": "grpo", "baseline_tokens": 0,
+         "diff": {"value": nan, "lo": nan, "hi": nan}, "significant": False},
+        {"figure": "wrong_sign", "twice": "twice J1", "twice_tokens": 9, "baseline": "grpo", "baseline_tokens": 0,
+         "diff": {"value": -0.2, "lo": -0.3, "hi": -0.1}, "significant": True},
+    ]
+    out = io.StringIO()
+    lab.write_breakdowns(out, per_turn, comparisons, ("grpo", "twice J1"), ratios=False)
+    text = out.getvalue()
+    assert "nan" not in text.lower().replace("n/a", "")
+    assert "grpo: 0.50/0  twice J1: n/a/0" in text
+    assert "grpo (0 tok): n/a: the figure is undefined" in text
+    assert "grpo (0 tok): -0.200 [-0.300, -0.100] significant" in text
