@@ -104,6 +104,33 @@ def summary_lines(lab_res: dict) -> list[str]:
     return lines
 
 
+def em_lines(before: dict, runs: dict) -> list[str]:
+    """The dev EM table (95% Wilson intervals) and each method's change and Twice's lead over GRPO,
+    paired question by question (greedy decoding, the same questions), with 95% intervals."""
+    from twice_envs.agents.games_bench import paired_change
+
+    def em(e: dict) -> str:
+        return f"{e['em']:.3f} [{e['em_ci'][0]:.2f}, {e['em_ci'][1]:.2f}]"
+
+    lines = [f"{'':<8}{'dev EM before':>22}{'dev EM after':>22}{'s/update':>10}{'aux/policy tokens':>19}"]
+    for method, r in runs.items():
+        lines.append(f"{method:<8}{em(before):>22}{em(r['after']):>22}{r['seconds_per_update']:>10.1f}"
+                     f"{r['realised_beta']:>19.2f}")
+
+    def change(label: str, after: list, base: list) -> str:
+        c = paired_change(after, base)
+        lo, hi = c["change_ci"]
+        verdict = "significant" if lo > 0 or hi < 0 else "not significant"
+        return f"{label}: {c['change']:+.3f} [{lo:+.3f}, {hi:+.3f}], {verdict} ({c['n']} questions, paired)"
+
+    for method, r in runs.items():
+        lines.append(change(f"{method} after - before", r["after"]["outcomes"], before["outcomes"]))
+    if {"grpo", "twice"} <= set(runs):
+        lines.append(change("twice - grpo after training", runs["twice"]["after"]["outcomes"],
+                            runs["grpo"]["after"]["outcomes"]))
+    return lines
+
+
 def trainer_overrides(cfg: DemoConfig, env: str, overrides: dict | None = None) -> dict:
     """The trainer settings the demo changes: on SearchQA, the generator's question mix
     (unless ``overrides`` names its own env kwargs)."""
@@ -160,11 +187,8 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
     paths = write_outputs(res, out / "audit")
     print(format_table(res), end="")
     print()
-    print(f"{'':<8}{'dev EM before':>14}{'dev EM after':>14}{'s/update':>10}{'aux/policy tokens':>19}")
-    for method in ("grpo", "twice"):
-        r = results[method]
-        print(f"{method:<8}{before['em']:>14.3f}{r['after']['em']:>14.3f}{r['seconds_per_update']:>10.1f}"
-              f"{r['realised_beta']:>19.2f}")
+    for line in em_lines(before, {m: results[m] for m in ("grpo", "twice")}):
+        print(line)
     print(f"\nlearning curves: {curves}\ncredit audit:    {paths['audit.png']} (table: {paths['audit.csv']})\n"
           f"runs:            {out / 'grpo'}, {out / 'twice'} (metrics.jsonl, checkpoint/)")
     print("\nsummary (credit lab, 95% bootstrap CIs):")

@@ -351,14 +351,20 @@ def _dataset_of(ep) -> str:
 
 
 def summarize_eval(episodes) -> dict:
+    """EM (with its 95% Wilson interval), F1 and the count of ``episodes``, overall and per dataset;
+    ``outcomes`` holds each episode's EM in order, so that two evaluations on the same questions
+    pair up."""
     def em(ep):
         return float(ep.info.get("em", ep.utility > 0))
 
     def f1(ep):
         return float(ep.info.get("f1", em(ep)))
 
-    out = {"em": float(np.mean([em(e) for e in episodes])), "f1": float(np.mean([f1(e) for e in episodes])),
-           "n": len(episodes), "per_dataset": {}}
+    from twice_envs.agents.games_bench import wilson
+
+    ems = [em(e) for e in episodes]
+    out = {"em": float(np.mean(ems)), "em_ci": list(wilson(sum(ems), len(ems))),
+           "f1": float(np.mean([f1(e) for e in episodes])), "n": len(episodes), "outcomes": ems, "per_dataset": {}}
     for name in sorted({_dataset_of(e) for e in episodes}):
         sel = [e for e in episodes if _dataset_of(e) == name]
         out["per_dataset"][name] = {"em": float(np.mean([em(e) for e in sel])), "f1": float(np.mean([f1(e) for e in sel])),
@@ -699,7 +705,7 @@ def eval_main(argv: Sequence[str]) -> int:
     if a.env:
         cfg = replace(cfg, env=a.env)
     res = evaluate(policy, cfg, questions=a.questions, split=a.split)
-    print(f"{cfg.env} {a.split}: EM {res['em']:.3f}  F1 {res['f1']:.3f}  (n={res['n']})")
+    print(f"{cfg.env} {a.split}: EM {res['em']:.3f} [95% CI {res['em_ci'][0]:.3f}, {res['em_ci'][1]:.3f}]  F1 {res['f1']:.3f}  (n={res['n']})")
     for name, r in res["per_dataset"].items():
         print(f"  {name:<16} EM {r['em']:.3f}  F1 {r['f1']:.3f}  (n={r['n']})")
     return 0

@@ -4,7 +4,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from twice_envs.agents.demo import DemoConfig, run_demo
+from twice_envs.agents.demo import DemoConfig, em_lines, run_demo
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
@@ -19,6 +19,7 @@ def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
     res = run_demo(cfg, env="CreditToy-v0", load=lambda: small_policy(0), overrides=overrides)
     captured = capsys.readouterr()
     assert "dev EM before" in captured.out and "learning curves:" in captured.out
+    assert "twice - grpo after training:" in captured.out
     assert "summary (credit lab" in captured.out and "twice J1 vs crr J1" in captured.out
     assert "final exact V(s0)" in captured.out
     methods = [r["method"] for r in res["lab"]["rows"]]
@@ -69,3 +70,17 @@ def test_the_demo_trains_on_single_hop_searchqa_unless_told_otherwise():
     assert demo.trainer_overrides(cfg, "SearchQA-v0") == {"env_kwargs": {"generator": {"mix": [1.0, 0.0, 0.0, 0.0]}}}
     assert demo.trainer_overrides(cfg, "SearchQA-v0", {"env_kwargs": {}, "lr": 1.0}) == {"env_kwargs": {}, "lr": 1.0}
     assert demo.trainer_overrides(cfg, "CreditToy-v0", {"max_new_tokens": 3}) == {"max_new_tokens": 3}
+
+
+def test_em_lines_give_intervals_and_paired_changes():
+    before = {"em": 0.1, "em_ci": [0.05, 0.2], "outcomes": [1.0] * 2 + [0.0] * 18}
+    grpo = {"after": {"em": 0.1, "em_ci": [0.05, 0.2], "outcomes": [1.0] * 2 + [0.0] * 18},
+            "seconds_per_update": 1.0, "realised_beta": 0.0}
+    # twice answers 10 more questions and loses none: a paired gain of 0.5, clearly significant
+    twice = {"after": {"em": 0.6, "em_ci": [0.4, 0.8], "outcomes": [1.0] * 12 + [0.0] * 8},
+             "seconds_per_update": 2.0, "realised_beta": 0.5}
+    lines = em_lines(before, {"grpo": grpo, "twice": twice})
+    assert "0.100 [0.05, 0.20]" in lines[1] and "0.600 [0.40, 0.80]" in lines[2]
+    assert lines[3] == "grpo after - before: +0.000 [+0.000, +0.000], not significant (20 questions, paired)"
+    assert lines[4].startswith("twice after - before: +0.500 [+0.275, +0.725], significant")
+    assert lines[5].startswith("twice - grpo after training: +0.500")
