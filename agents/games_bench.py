@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.devices import device_arg
+from twice_envs.agents.devices import device_arg, torch_device
 
 
 @dataclass(frozen=True)
@@ -429,7 +429,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--device", default="cpu", type=device_arg,
                    help="with --eval-only: where the models run (cpu, cuda, cuda:N); training runs on the CPU")
     a = p.parse_args(argv)
-    if not a.eval_only and a.device.split(":")[0] != "cpu":
+    if not a.eval_only and torch_device(a.device).type != "cpu":
         p.error("--device applies with --eval-only: the comparison trains on the CPU")
     cfg = GamesBenchConfig(
         envs=tuple(e for e in a.envs.split(",") if e), methods=tuple(m for m in a.methods.split(",") if m),
@@ -446,8 +446,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for env_id in cfg.envs:
             model = cfg.start_model(env_id)
             t0 = time.perf_counter()
-            res = evaluate_game(load_policy(model, device=a.device), env_id, samples=cfg.eval_samples or 4, tasks=cfg.eval_tasks,
-                                noise_seed=10**6, setting=cfg.setting(env_id))
+            res = evaluate_game(load_policy(model, device=a.device), env_id, samples=cfg.eval_samples or 4,
+                                tasks=cfg.eval_tasks, noise_seed=10**6, setting=cfg.setting(env_id))
             print(f"{env_id} {model}, held-out, temperature 1 ({time.perf_counter() - t0:.0f}s):")
             for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):
                 print(f"  {kind:<32} success {x['success']:.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "

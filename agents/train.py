@@ -705,7 +705,8 @@ def eval_main(argv: Sequence[str]) -> int:
     if a.env:
         cfg = replace(cfg, env=a.env)
     res = evaluate(policy, cfg, questions=a.questions, split=a.split)
-    print(f"{cfg.env} {a.split}: EM {res['em']:.3f} [95% CI {res['em_ci'][0]:.3f}, {res['em_ci'][1]:.3f}]  F1 {res['f1']:.3f}  (n={res['n']})")
+    lo, hi = res["em_ci"]
+    print(f"{cfg.env} {a.split}: EM {res['em']:.3f} [95% CI {lo:.3f}, {hi:.3f}]  F1 {res['f1']:.3f}  (n={res['n']})")
     for name, r in res["per_dataset"].items():
         print(f"  {name:<16} EM {r['em']:.3f}  F1 {r['f1']:.3f}  (n={r['n']})")
     return 0
