@@ -1,10 +1,12 @@
-"""Packaging invariants: every subpackage is listed, CI runs the README's test command."""
+"""Packaging invariants: every subpackage is listed, CI runs the README's test command, the README is a
+front page whose links resolve, and every documentation page is in the site's nav."""
 
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,7 +43,43 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_top_level_layout():
-    allowed = {"pyproject.toml", "README.md", "LICENSE", ".ci", ".gitignore", "twice_envs", "agents", "wrappers", "tests", "examples"}
-    tracked = {p.name for p in ROOT.iterdir() if not p.name.startswith(".git") and p.name not in {".venv", ".pytest_cache", ".hypothesis", "runs"}}
+    allowed = {"pyproject.toml", "README.md", "LICENSE", ".ci", ".gitignore", "twice_envs", "agents", "wrappers",
+               "tests", "examples", "docs", "mkdocs.yml"}
+    local = {".venv", ".pytest_cache", ".ruff_cache", ".hypothesis", "runs"}
+    tracked = {p.name for p in ROOT.iterdir() if not p.name.startswith(".git") and p.name not in local}
     extra = {p for p in tracked - allowed if not p.endswith(".egg-info")}
     assert extra == set(), f"unexpected top-level entries: {extra}"
+
+
+README_MAX_LINES = 300
+
+
+def test_readme_is_a_front_page():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, (
+        f"README.md has {len(lines)} lines; move detail into docs/ (at most {README_MAX_LINES})")
+
+
+def _relative_links(markdown: str) -> list[str]:
+    """Targets of inline markdown links and images that are paths, not URLs or in-page anchors."""
+    text = re.sub(r"```.*?```", "", markdown, flags=re.S)  # code blocks hold no links
+    text = re.sub(r"`[^`\n]*`", "", text)
+    targets = re.findall(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)", text)
+    return [t for t in targets if not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+def test_readme_relative_links_point_to_files():
+    links = _relative_links((ROOT / "README.md").read_text())
+    assert links, "the README links into docs/"
+    missing = [t for t in links if not (ROOT / t.split("#", 1)[0]).exists()]
+    assert missing == [], f"README.md links to missing files: {missing}"
+
+
+def test_every_docs_page_is_in_the_nav():
+    docs = ROOT / "docs"
+    pages = {p.relative_to(docs).as_posix() for p in docs.rglob("*.md")}
+    conf = (ROOT / "mkdocs.yml").read_text()
+    assert re.search(r"^docs_dir:\s*docs\s*$", conf, flags=re.M)
+    nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", conf, flags=re.M))
+    assert pages - nav == set(), f"pages missing from the mkdocs.yml nav: {sorted(pages - nav)}"
+    assert nav - pages == set(), f"nav entries without a page: {sorted(nav - pages)}"
