@@ -18,10 +18,14 @@ Pure functions on arrays: ``credit`` is an estimator's credit per decision and
   whole groups (an episode's decisions are not independent; resampling groups keeps
   them together). :func:`compare` gives a difference between two estimators (paired:
   the same decisions) or two samples (unpaired: e.g. two methods' seeds) with its CI.
+* Success rates: :func:`wilson` (a binomial proportion's interval), :func:`paired_change`
+  (a change over paired 0/1 outcomes), :func:`episodes_for_difference` and
+  :func:`pairs_resolution` (how many episodes a given resolution needs).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -246,3 +250,47 @@ def compare(
         diffs = [stat(*(x[i] for x in a)) - stat(*(x[j] for x in b)) for i, j in zip(ia, ib)]
     lo, hi = _percentiles(diffs, level)
     return Comparison(va, vb, Estimate(va - vb, lo, hi))
+
+
+# --------------------------------------------------------------------------- success rates
+
+
+def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a binomial proportion."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def episodes_for_difference(p: float, diff: float = 0.05, z: float = 1.96) -> int:
+    """Held-out episodes per method for a 95% interval of a difference of two success rates near ``p``
+    to have half-width ``diff`` (so a ``diff``-point gap excludes 0)."""
+    p = min(max(p, 0.05), 0.95)
+    return int(math.ceil(2 * p * (1 - p) * (z / diff) ** 2))
+
+
+def paired_change(after: Sequence[int], before: Sequence[int], z: float = 1.96) -> dict:
+    """Mean change of success over paired held-out episodes (the same task and sampling noise before
+    and after training) with a 95% normal interval of the mean of the per-episode differences."""
+    if len(after) != len(before) or not after:
+        raise ValueError(f"paired outcomes must have the same nonzero length, got {len(after)} and {len(before)}")
+    d = np.asarray(after, float) - np.asarray(before, float)
+    half = z * float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else float("inf")
+    return {"change": float(d.mean()), "change_ci": [float(d.mean()) - half, float(d.mean()) + half],
+            "improves": bool(d.mean() - half > 0), "n": len(d)}
+
+
+def pairs_resolution(pairs: dict, diff: float = 0.05, z: float = 1.96) -> tuple[float, int, int]:
+    """``(largest half-width, episodes per method, episodes needed)`` of the between-method paired
+    intervals: the episodes each method would need for every pair's interval to have half-width
+    ``diff``, from the observed spread of the differences (half-width falls as one over the root of n).
+
+    Each half-width is at least that of 5% discordant pairs, as :func:`episodes_for_difference`
+    floors the rate: when few episodes disagree (every method at 0 or 1) the observed spread says
+    too little."""
+    n = min(x["n"] for x in pairs.values())
+    half = max(max((x["change_ci"][1] - x["change_ci"][0]) / 2 for x in pairs.values()), z * math.sqrt(0.05 / n))
+    return half, n, int(math.ceil(n * (half / diff) ** 2))

@@ -78,7 +78,7 @@ class EpisodeRecord:
             factual side (None: the factual episode's ``utility``).
         window: the history window the episode was generated with: before each turn the
             model saw ``prompt_ids`` and the last ``window`` turns with their observations
-            (:func:`~twice_envs.agents.sequence.turn_context`); None: the whole episode.
+            (:func:`~twice_envs.agents.rollout.context.turn_context`); None: the whole episode.
         history: for a twin of a windowed episode, the factual turns before the branch
             that its window can still see (its ``prompt_ids`` are then the factual first
             prompt); empty otherwise.

@@ -7,9 +7,14 @@
 
 import argparse
 
-from twice_envs.agents.models import load_policy
-from twice_envs.agents.policy import SamplingConfig
-from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, rollout
+from twice_envs.agents.models.load import load_policy
+from twice_envs.agents.rollout.episodes import (
+    BranchRequest,
+    Task,
+    branch_rollouts,
+    rollout,
+)
+from twice_envs.agents.sampling.policy import SamplingConfig
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", default="tiny")

@@ -9,9 +9,9 @@ inverse-weighted twin credit with the exact advantage of each first action.
 
 import numpy as np
 
-from twice_envs.agents import toy
 from twice_envs.agents.credit import twice
 from twice_envs.agents.credit.predictor import decision_index
+from twice_envs.agents.lab import toy
 
 policy = toy.toy_policy()
 episodes, envs = toy.toy_rollouts(policy, n_groups=300, group_size=5, noise_seed=1)

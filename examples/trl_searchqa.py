@@ -33,9 +33,14 @@ def main(argv=None) -> dict:
     import torch
     from trl import GRPOConfig
 
-    from twice_envs.agents.models import load_policy
-    from twice_envs.integrations.trl import (TwinCreditGRPOTrainer, TwinRollout, TwinRolloutConfig, env_utility,
-                                             task_dataset)
+    from twice_envs.agents.models.load import load_policy
+    from twice_envs.integrations.trl import (
+        TwinCreditGRPOTrainer,
+        TwinRollout,
+        TwinRolloutConfig,
+        env_utility,
+        task_dataset,
+    )
 
     torch.manual_seed(0)
     policy = load_policy(a.model)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import twice_envs
-from twice_envs.check import CheckFailure
 from tests import toy_envs
+from twice_envs.check import CheckFailure
 
 
 @pytest.mark.parametrize("env_id", ["CoinChain-v0", "CoinChainReplay-v0"])

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import twice_envs
+from tests import toy_envs  # noqa: F401  (registers CoinChain-v0)
 from twice_envs import NoiseKey, ReplayDivergence, TwiceError
 from twice_envs.trajectory import step_digest
-from tests import toy_envs  # noqa: F401  (registers CoinChain-v0)
 
 ACTIONS = ["left", "right", "look", "jump", ""]
 

@@ -8,8 +8,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env as gymnasium_check_env
 
 import twice_envs
-from twice_envs._deps import available
 from tests import toy_envs  # noqa: F401  (registers CoinChain-v0 and CoinChainReplay-v0)
+from twice_envs._deps import available
 
 #: Every id the package registers, and the toy ids the core tests use.
 IDS = sorted(i for i, s in twice_envs.registry.items() if str(s.entry_point).startswith("twice_envs.")) + [

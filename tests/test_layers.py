@@ -1,12 +1,17 @@
 """Dependencies point one way: core <- envs <- wrappers <- agents <- integrations.
 
 Every ``import`` of every module, including imports inside functions and
-``importlib.import_module("...")`` with a literal name, is read from the source.
+``importlib.import_module("...")`` with a literal name, is read from the source. Inside
+``agents/`` the subpackages are layered too (:data:`AGENT_RANKS`), no two modules import
+each other (directly or round a longer cycle), and string-named entry points
+(``"package.module:function"``: the CLI's command tables, a credit method's verl
+estimator) are edges of the graph, allowed only where :data:`COMPOSITION` declares them.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -30,6 +35,41 @@ SOURCES = {
 #: entry points are strings, so no env module is imported with it).
 ALLOWED = {("twice_envs", "twice_envs.envs")}
 NAMES = {"core": 0, "envs": 1, "wrappers": 2, "agents": 3}
+
+
+#: Layers inside agents/, lowest first: a module may import its own layer and those below.
+AGENT_RANKS = {
+    "twice_envs.agents": 0,
+    "twice_envs.agents.types": 0,
+    "twice_envs.agents.stats": 0,
+    "twice_envs.agents.sampling": 1,
+    "twice_envs.agents.credit": 2,
+    "twice_envs.agents.rollout": 3,
+    "twice_envs.agents.training": 4,
+    "twice_envs.agents.models": 5,
+    "twice_envs.agents.lab": 6,
+    "twice_envs.agents.bench": 7,
+    "twice_envs.agents.cli": 8,
+}
+#: Declared composition edges: (importing module prefix, target prefix) pairs a string entry
+#: point may take against the layers. The CLI's tables name every command's module; the
+#: registry names the vector envs the way gymnasium names entry points; a credit method names
+#: the verl estimator that runs it.
+COMPOSITION = {
+    ("twice_envs.cli", "twice_envs"),
+    ("twice_envs.registry", "twice_envs.wrappers.vector"),
+    ("twice_envs.agents.credit", "twice_envs.integrations.verl.estimators"),
+}
+ENTRY_POINT = re.compile(r"^(twice_envs(?:\.\w+)+):\w+$")
+
+
+def _prefix_rank(module: str, ranks: dict) -> int | None:
+    best = None
+    for prefix, r in ranks.items():
+        if module == prefix or module.startswith(prefix + "."):
+            if best is None or len(prefix) > len(best[0]):
+                best = (prefix, r)
+    return None if best is None else best[1]
 
 
 def rank(module: str) -> int | None:
@@ -82,11 +122,103 @@ def imports(module: str, path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def entry_points(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every ``"twice_envs.x.y:name"`` string constant in the file."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return [(n.lineno, m.group(1)) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and (m := ENTRY_POINT.match(n.value))]
+
+
+def declared(module: str, target: str) -> bool:
+    return any((module == a or module.startswith(a + ".")) and (target == b or target.startswith(b + "."))
+               for a, b in COMPOSITION)
+
+
+def module_imports(module: str, path: Path) -> list[str]:
+    """Every module name an import in the file may load: ``from p import x`` gives ``p.x`` and ``p``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = [t for _, t in imports(module, path)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")
+                parent = parent[: len(parent) - (node.level - 1)]
+                base = ".".join(parent + ([base] if base else []))
+            out += [f"{base}.{a.name}" for a in node.names]
+    return out
+
+
+def graph(root: Path = ROOT, sources: dict = SOURCES) -> dict[str, set[str]]:
+    """Module -> the project modules it imports (by statement or by an undeclared entry point)."""
+    mods = dict(modules(root, sources))
+    out: dict[str, set[str]] = {m: set() for m in mods}
+    for module, path in mods.items():
+        found = module_imports(module, path) + [t for _, t in entry_points(path) if not declared(module, t)]
+        for target in found:
+            # `from package import name` may name a module or an attribute: keep the longest module
+            while target and target not in mods:
+                target = target.rpartition(".")[0]
+            # a package's own modules load it first: that is no edge back to it
+            if target and target != module and not module.startswith(target + "."):
+                out[module].add(target)
+    return out
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def agent_violations(root: Path = ROOT, sources: dict = SOURCES) -> list[str]:
+    """Imports from an agents subpackage into a higher one (by :data:`AGENT_RANKS`)."""
+    out = []
+    for module, path in modules(root, sources):
+        own = _prefix_rank(module, AGENT_RANKS)
+        if own is None:
+            continue
+        found = imports(module, path) + [(ln, t) for ln, t in entry_points(path) if not declared(module, t)]
+        for line, target in found:
+            r = _prefix_rank(target, AGENT_RANKS)
+            if r is not None and r > own:
+                out.append(f"{path.relative_to(root)}:{line}: {module} imports {target}")
+    return out
+
+
 def violations(root: Path = ROOT, sources: dict = SOURCES) -> list[str]:
     out = []
     for module, path in modules(root, sources):
         own = rank(module)
-        for line, target in imports(module, path):
+        found = imports(module, path) + [(ln, t) for ln, t in entry_points(path) if not declared(module, t)]
+        for line, target in found:
             r = rank(target)
             if r is not None and r > own and (module, target) not in ALLOWED:
                 out.append(f"{path.relative_to(root)}:{line}: {module} imports {target}")
@@ -106,7 +238,7 @@ def test_the_scan_sees_imports_in_functions_and_by_name(tmp_path):
     fake.mkdir()
     (fake / "check.py").write_text(
         "def f():\n    from twice_envs.wrappers.twin import twin\n"
-        "def g():\n    import importlib\n    importlib.import_module('twice_envs.agents.rollout')\n"
+        "def g():\n    import importlib\n    importlib.import_module('twice_envs.agents.rollout.episodes')\n"
         "from . import envs\n"
     )
     found = violations(tmp_path, {"twice_envs": "twice_envs"})
@@ -116,3 +248,42 @@ def test_the_scan_sees_imports_in_functions_and_by_name(tmp_path):
 @pytest.mark.parametrize("layer", sorted(NAMES, key=NAMES.get))
 def test_every_layer_is_scanned(layer):
     assert any(rank(m) == NAMES[layer] for m, _ in modules())
+
+
+def test_agents_subpackages_are_layered():
+    assert agent_violations() == []
+
+
+def test_no_import_cycles():
+    assert cycles(graph()) == []
+
+
+def test_the_cycle_check_fails_on_a_planted_cycle(tmp_path):
+    pkg = tmp_path / "agents"
+    (pkg / "rollout").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "rollout" / "__init__.py").write_text("")
+    (pkg / "rollout" / "a.py").write_text("def f():\n    from twice_envs.agents.rollout.b import g\n")
+    (pkg / "rollout" / "b.py").write_text("from twice_envs.agents.rollout import a\n")
+    (pkg / "types.py").write_text("X = 'twice_envs.agents.rollout.a:f'\n")  # an undeclared entry point
+    src = {"agents": "twice_envs.agents"}
+    assert cycles(graph(tmp_path, src)) == [["twice_envs.agents.rollout.a", "twice_envs.agents.rollout.b"]]
+    # the entry point from the lowest layer up to rollout is a layering violation
+    assert [v.split(": ", 1)[1] for v in agent_violations(tmp_path, src)] == [
+        "twice_envs.agents.types imports twice_envs.agents.rollout.a"]
+    # declared composition edges are not violations: the CLI table names agents modules
+    assert declared("twice_envs.cli", "twice_envs.agents.cli.train")
+    assert not declared("twice_envs.agents.types", "twice_envs.agents.rollout.a")
+
+
+def test_entry_points_are_seen_and_resolve():
+    """The CLI's tables and the credit methods' verl estimators are read as edges, and each names
+    a real module."""
+    import importlib.util
+
+    seen = {(m, t) for m, p in modules() for _, t in entry_points(p)}
+    assert ("twice_envs.cli", "twice_envs.agents.cli.train") in seen
+    assert any(m.startswith("twice_envs.agents.credit") and t == "twice_envs.integrations.verl.estimators"
+               for m, t in seen)
+    for _, target in seen:
+        assert importlib.util.find_spec(target) is not None, target

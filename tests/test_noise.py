@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +13,9 @@ torch = pytest.importorskip("torch")
 
 from twice_envs import noise as N  # noqa: E402
 from twice_envs.keys import NoiseKey  # noqa: E402
+from twice_envs.noise import keystate as K  # noqa: E402  (monkeypatch where a name is read)
+from twice_envs.noise import philox as P
+from twice_envs.noise import sampling as S
 
 KAT = [
     ((0, 0, 0, 0), (0, 0), (0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8)),
@@ -140,14 +145,14 @@ def test_token_keys_torch_paths_match_numpy(B):
 
 @pytest.mark.parametrize("B,V", [(1, 1), (1, 7), (3, 4), (5, 1001), (9, 4099), (40, 257)])
 def test_words_torch_bit_identical_to_numpy(B, V, monkeypatch):
-    monkeypatch.setattr(N, "_CHUNK_CALLS", 64)  # many chunks, ragged last chunk
+    monkeypatch.setattr(P, "_CHUNK_CALLS", 64)  # many chunks, ragged last chunk
     rows = random_rows(np.random.default_rng(100 + V), B)
     ref = N.philox_words_np(rows, V)
     got = N.philox_words_torch(torch.from_numpy(rows), V)
     assert got.dtype == torch.int64 and got.shape == (B, V)
     np.testing.assert_array_equal(got.numpy(), ref)
     # the full-size path too, and the layout: id v is word v % 4 of counter v // 4
-    monkeypatch.setattr(N, "_CHUNK_CALLS", 1 << 14)
+    monkeypatch.setattr(P, "_CHUNK_CALLS", 1 << 14)
     np.testing.assert_array_equal(N.philox_words_torch(torch.from_numpy(rows), V).numpy(), ref)
     tk = N.token_keys_np(rows)
     v = V - 1
@@ -175,7 +180,7 @@ def test_candidate_words_and_gumbel_match_numpy():
 
 @pytest.mark.parametrize("few", [0, 10_000])
 def test_single_id_words_both_paths(few, monkeypatch):
-    monkeypatch.setattr(N, "_FEW_IDS", few)  # tensor path / Python-int path
+    monkeypatch.setattr(P, "_FEW_IDS", few)  # tensor path / Python-int path
     rng = np.random.default_rng(12)
     rows = random_rows(rng, 3)
     V = 2**20 + 3
@@ -424,7 +429,7 @@ def test_shortcut_candidates_cover_the_noise_bound(dtype, tau, top_p, monkeypatc
         seen["rows"], seen["cols"] = rows.clone(), cols.clone()
         return real(s, rows, cols, key_rows, B, V)
 
-    monkeypatch.setattr(N, "_argmax_candidates", spy)
+    monkeypatch.setattr(S, "_argmax_candidates", spy)
     rng = np.random.default_rng(63)
     B, V = 3, 4000
     x = torch.full((B, V), -1e3, dtype=dtype)
@@ -456,7 +461,7 @@ def test_shortcut_skips_noise_for_spread_logits(monkeypatch):
     x = torch.from_numpy((rng.standard_normal((B, V)) * 20).astype(np.float32))
     kt = torch.from_numpy(random_rows(rng, B))
     full = N.keyed_sample(x, kt, shortcut=False)
-    monkeypatch.setattr(N, "gumbel_torch", no_full_block)
+    monkeypatch.setattr(S, "_argmax_full", no_full_block)
     assert torch.equal(N.keyed_sample(x, kt), full)
 
 
@@ -472,6 +477,35 @@ def test_line_pos_rule():
     assert seen == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (3, 0), (3, 1)]
     assert (line, pos) == (3, 2)
     assert N.newline_token_mask(texts).tolist() == [False, True, False, True, True, False, False]
+
+
+# --------------------------------------------------------------------------- package layout
+
+
+def test_package_exports_every_public_name_of_its_modules():
+    for module in (P, S, K):
+        for name in module.__all__:
+            assert getattr(N, name) is getattr(module, name), name
+    assert set(N.__all__) <= set(P.__all__) | set(S.__all__) | set(K.__all__)
+    for name in N.__all__:
+        assert hasattr(N, name), name
+
+
+def test_modules_import_one_way():
+    """philox imports neither of the others; sampling and keystate import philox only."""
+    folder = Path(N.__file__).parent
+    graph = {}
+    for path in folder.glob("*.py"):
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("twice_envs.noise"):
+                found.add((node.module or "").rpartition(".")[2])
+            elif isinstance(node, ast.Import):
+                found |= {a.name.rpartition(".")[2] for a in node.names if a.name.startswith("twice_envs.noise.")}
+        graph[path.stem] = found
+    assert graph["philox"] == set()
+    assert graph["sampling"] <= {"philox"} and graph["keystate"] <= {"philox"}
+    assert graph["__init__"] == {"philox", "sampling", "keystate"}
 
 
 # --------------------------------------------------------------------------- CUDA

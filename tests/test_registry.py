@@ -6,9 +6,9 @@ import gymnasium
 import pytest
 
 import twice_envs
+from tests import toy_envs  # noqa: F401
 from twice_envs import MissingExtra, TwiceError
 from twice_envs._deps import require
-from tests import toy_envs  # noqa: F401
 
 
 def test_unknown_id_suggests_close_matches():

@@ -5,7 +5,14 @@ import os
 
 import pytest
 
-from twice_envs.tools import FunctionTool, Journal, JournalMiss, Tool, shared_journal, tool_key
+from twice_envs.tools import (
+    FunctionTool,
+    Journal,
+    JournalMiss,
+    Tool,
+    shared_journal,
+    tool_key,
+)
 
 
 class Counting(Tool):

@@ -8,9 +8,13 @@ import os
 import pytest
 
 import twice_envs
-from twice_envs import TrajectoryFormatError
-from twice_envs.trajectory import atomic_write_text, load_trajectories, save_trajectories
 from tests import toy_envs  # noqa: F401
+from twice_envs import TrajectoryFormatError
+from twice_envs.trajectory import (
+    atomic_write_text,
+    load_trajectories,
+    save_trajectories,
+)
 
 
 def episode(seed=0):

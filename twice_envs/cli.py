@@ -18,13 +18,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
     "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
     "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit, learn, games"),
-    "models": ("twice_envs.agents.models_cli:models_main", "build or inspect models (build-tiny, smollm2)"),
-    "rollout": ("twice_envs.agents.rollout_cli:rollout_main", "run an agent on an env and save episodes"),
-    "train": ("twice_envs.agents.train:train_main", "train an agent (grpo, gigpo, twice, crr, vineppo)"),
-    "eval": ("twice_envs.agents.train:eval_main", "greedy evaluation of a checkpoint"),
-    "audit": ("twice_envs.agents.audit:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
-    "plot": ("twice_envs.agents.plots:plot_main", "plot learning curves of several runs"),
-    "demo": ("twice_envs.agents.demo:demo_main", "the main job: train GRPO and Twice on the embedded default"),
+    "models": ("twice_envs.agents.models.cli:models_main", "build or inspect models (build-tiny, smollm2)"),
+    "rollout": ("twice_envs.agents.cli.rollout:rollout_main", "run an agent on an env and save episodes"),
+    "train": ("twice_envs.agents.cli.train:train_main", "train an agent with a registered credit method"),
+    "eval": ("twice_envs.agents.cli.train:eval_main", "greedy evaluation of a checkpoint"),
+    "audit": ("twice_envs.agents.lab.audit:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
+    "plot": ("twice_envs.agents.lab.plots:plot_main", "plot learning curves of several runs"),
+    "demo": ("twice_envs.agents.bench.demo:demo_main", "the main job: train GRPO and Twice on the embedded default"),
 }
 
 BENCHES: dict[str, str] = {
@@ -32,12 +32,12 @@ BENCHES: dict[str, str] = {
     "searchqa": "twice_envs.envs.searchqa.bench:main",
     "alfworld": "twice_envs.envs.alfworld.bench:main",
     "webshop": "twice_envs.envs.webshop.bench:main",
-    "sampler": "twice_envs.agents.bench:sampler_main",
-    "rollout": "twice_envs.agents.bench:rollout_main",
+    "sampler": "twice_envs.agents.bench.sampler:sampler_main",
+    "rollout": "twice_envs.agents.bench.sampler:rollout_main",
     "vec": "twice_envs.wrappers.vector_bench:main",
-    "credit": "twice_envs.agents.bench_credit:main",
-    "learn": "twice_envs.agents.bench_learn:main",
-    "games": "twice_envs.agents.games_bench:main",
+    "credit": "twice_envs.agents.bench.credit:main",
+    "learn": "twice_envs.agents.bench.learn:main",
+    "games": "twice_envs.agents.bench.games:main",
 }
 
 

@@ -9,17 +9,75 @@ agent's next turn.
 ``branch = 0`` is the factual episode. A twin of turn ``t`` samples its alternative
 turn with ``branch = k >= 1`` and every later turn with the factual keys, so the
 schedule of a twin is the factual schedule with one entry changed.
+
+Every seed derived from another seed is derived here, each purpose with its own salt
+(:data:`SEED_SALTS`), so two purposes never hand out the same seed for the same numbers
+and each rule is written once. The rules are part of the record format: their values
+are stored and recomputed elsewhere, so none of them may change its output.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
+__all__ = [
+    "LAB_GROUP_STRIDE",
+    "LAB_PAIR_STRIDE",
+    "LAB_STREAM_STRIDE",
+    "NoiseKey",
+    "NoiseSchedule",
+    "SEED_SALTS",
+    "UINT32_MAX",
+    "UINT64_MAX",
+    "branch_plan_rng",
+    "check_seed",
+    "derive_episode_seed",
+    "draw_seed",
+    "episode_noise_seed",
+    "independent_seed",
+    "lab_episode_seed",
+    "lab_independent_seed",
+    "lab_pair_seed",
+    "seed_sequence_uint64",
+    "stable_json_seed",
+    "stable_seed",
+]
+
 UINT64_MAX = (1 << 64) - 1
 UINT32_MAX = (1 << 32) - 1
+
+#: The salt of each seed-derivation purpose: the last word of the ``SeedSequence``
+#: entropy, so derivations for different purposes never meet, whatever their other
+#: words. Read-only; every value is distinct. The constants spell short ASCII tags.
+#:
+#: * ``episode`` (``0x7457``, "tW"): the noise seed of an episode derived from its env
+#:   seed (:func:`derive_episode_seed`, and the credit lab's :func:`lab_episode_seed`,
+#:   :func:`lab_independent_seed` and :func:`lab_pair_seed`, which pass it a packed salt).
+#: * ``rollout`` (``0x524F4C``, "ROL"): the noise seed of episode ``index`` of group
+#:   ``group`` in a rollout batch (:func:`episode_noise_seed`).
+#: * ``independent`` (``0x435252``, "CRR"): the fresh noise seed of an independent
+#:   continuation after a branched turn (:func:`independent_seed`).
+#: * ``branch_plan`` (``0x5457494E``, "TWIN"): the generator of the coins that choose
+#:   which decisions of one served episode get twins (:func:`branch_plan_rng`).
+SEED_SALTS: Mapping[str, int] = MappingProxyType({
+    "episode": 0x74_57,
+    "rollout": 0x52_4F_4C,
+    "independent": 0x43_52_52,
+    "branch_plan": 0x54_57_49_4E,
+})
+
+#: Stride between groups in :func:`lab_episode_seed`'s packed salt (a prime above any group size).
+LAB_GROUP_STRIDE = 100_003
+#: Stride between streams in :func:`lab_independent_seed`'s packed salt (a prime above any turn count).
+LAB_STREAM_STRIDE = 1_000_003
+#: Stride between pairs in :func:`lab_pair_seed`'s packed salt (a prime above any turn count).
+LAB_PAIR_STRIDE = 5_000_011
 
 
 class NoiseKey(NamedTuple):
@@ -90,8 +148,100 @@ def seed_sequence_uint64(entropy: Sequence[int]) -> int:
 
 
 def derive_episode_seed(seed: int, salt: int = 0) -> int:
-    """A 64-bit noise seed derived from an env seed (both uint64), stable on every platform."""
-    return seed_sequence_uint64([check_seed(seed), check_seed(salt, "salt"), 0x7457])
+    """A 64-bit noise seed derived from an env seed (both uint64), stable on every platform.
+
+    ``SeedSequence([seed, salt, SEED_SALTS["episode"]])``; ``seed`` and ``salt`` are
+    checked with :func:`check_seed`.
+    """
+    return seed_sequence_uint64([check_seed(seed), check_seed(salt, "salt"), SEED_SALTS["episode"]])
+
+
+def episode_noise_seed(noise_seed: int, group: int, index: int) -> int:
+    """The 64-bit noise seed of episode ``index`` of group ``group`` of a rollout batch.
+
+    ``SeedSequence([noise_seed mod 2**64, group, index, SEED_SALTS["rollout"]])``:
+    ``noise_seed`` (the run's noise seed) is folded into 64 bits; ``group`` and
+    ``index`` must be non-negative ints.
+    """
+    return seed_sequence_uint64([int(noise_seed) & UINT64_MAX, int(group), int(index), SEED_SALTS["rollout"]])
+
+
+def independent_seed(noise_seed: int, episode: int, turn: int, branch: int) -> int:
+    """The fresh 64-bit noise seed of an independent continuation (the CRR baseline).
+
+    An independent twin of turn ``turn`` of episode ``episode`` (its index in the
+    batch), sampled with ``branch``, reads this seed after the branch instead of the
+    factual one. ``SeedSequence([noise_seed mod 2**64, episode, turn, branch,
+    SEED_SALTS["independent"]])``; the other arguments must be non-negative ints.
+    """
+    return seed_sequence_uint64(
+        [int(noise_seed) & UINT64_MAX, int(episode), int(turn), int(branch), SEED_SALTS["independent"]]
+    )
+
+
+def lab_episode_seed(noise_seed: int, group: int, member: int) -> int:
+    """The noise seed of member ``member`` of group ``group`` of the credit lab's toy episodes.
+
+    ``derive_episode_seed(noise_seed, group * LAB_GROUP_STRIDE + member)``; the packed
+    salt must be a uint64 (so ``noise_seed``, ``group`` and ``member`` are non-negative).
+    """
+    return derive_episode_seed(noise_seed, group * LAB_GROUP_STRIDE + member)
+
+
+def lab_independent_seed(noise_seed: int, stream: int, turn: int) -> int:
+    """The fresh noise seed of a credit-lab independent twin branched at ``turn``.
+
+    ``noise_seed`` is the factual episode's noise seed and ``stream`` tells apart the
+    independent draws made for one decision (one per replica).
+    ``derive_episode_seed(noise_seed, stream * LAB_STREAM_STRIDE + turn)``.
+    """
+    return derive_episode_seed(noise_seed, stream * LAB_STREAM_STRIDE + turn)
+
+
+def lab_pair_seed(noise_seed: int, pair: int, turn: int) -> int:
+    """The shared fresh noise seed of independent pair ``pair`` of a credit-lab decision at ``turn``.
+
+    The pair's replica (the factual turn) and its twin (a fresh alternative) both read
+    it after ``turn``, so they are coupled to each other and independent of the factual
+    episode (``noise_seed``). ``derive_episode_seed(noise_seed, pair * LAB_PAIR_STRIDE + turn)``.
+    """
+    return derive_episode_seed(noise_seed, pair * LAB_PAIR_STRIDE + turn)
+
+
+def branch_plan_rng(noise_seed: int) -> np.random.Generator:
+    """The generator of the branch coins of one served episode with noise seed ``noise_seed``.
+
+    ``default_rng(SeedSequence([noise_seed mod 2**64, SEED_SALTS["branch_plan"]]))``: the
+    plan of which decisions get twins is a function of the episode's noise seed.
+    """
+    return np.random.default_rng(np.random.SeedSequence([int(noise_seed) & UINT64_MAX, SEED_SALTS["branch_plan"]]))
+
+
+def _sha256_uint64(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+
+
+def stable_seed(*parts: object) -> int:
+    """A uint64 hashed from ``parts`` read as text, joined by ``/``: seeds of generated content.
+
+    The first 8 bytes (little-endian) of the SHA-256 of ``"/".join(map(str, parts))``.
+    Stable in every process and under any ``PYTHONHASHSEED``; used where the parts are
+    plain names and counters (an ALFWorld room name and its attempt). Parts that
+    contain ``/`` can meet (``("a/b", "c")`` and ``("a", "b/c")`` give one seed): use
+    :func:`stable_json_seed` for arbitrary text.
+    """
+    return _sha256_uint64("/".join(map(str, parts)))
+
+
+def stable_json_seed(*parts: object) -> int:
+    """A uint64 hashed from ``parts`` read as text, framed as a JSON list: seeds of requests.
+
+    The first 8 bytes (little-endian) of the SHA-256 of ``json.dumps([str(p) for p in
+    parts])``. The framing keeps every list of parts apart, whatever text they hold;
+    used for the noise seed of an agent-loop request from its run seed, prompt id,
+    session and step (ids are arbitrary text).
+    """
+    return _sha256_uint64(json.dumps([str(p) for p in parts]))
 
 
 @dataclass(frozen=True)

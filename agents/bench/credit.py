@@ -3,13 +3,13 @@
 In one run, with fixed seeds:
 
 0. **Credit audit on CreditToy-v0**, where the advantages are exact, then on
-   SearchToy-v0, both through the credit lab (:mod:`twice_envs.agents.lab`, bootstrap
+   SearchToy-v0, both through the credit lab (:mod:`twice_envs.agents.lab.runner`, bootstrap
    CIs): every decision gets a coupled twin, an independent counterfactual and VinePPO's
    value rollouts.
 
 On generated SearchQA with the tiny model:
 
-1. **Credit audit** (:mod:`twice_envs.agents.audit`, bootstrap CIs; one twin or
+1. **Credit audit** (:mod:`twice_envs.agents.lab.audit`, bootstrap CIs; one twin or
    counterfactual per decision for Twice and CRR) of the dev questions whose group has mixed outcomes (screened from
    ``--audit-questions`` candidates; where a weak policy fails every episode no
    estimator has anything to measure): wrong-sign rate of Twice vs CRR (target: Twice <= 1/3 of CRR),
@@ -36,6 +36,17 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs.agents.lab import runner as lab
+from twice_envs.agents.lab.audit import (
+    AuditConfig,
+    format_table,
+    run_audit,
+    write_outputs,
+)
+from twice_envs.agents.models.load import load_policy
+from twice_envs.agents.training.config import cpu_config
+from twice_envs.agents.training.trainer import train
+
 
 def _updates_to_reach(evals: list[tuple[int, float]], target: float) -> int | None:
     for u, em in evals:
@@ -57,9 +68,6 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (default: the CPU default, 128)")
     a = p.parse_args(argv)
 
-    from twice_envs.agents.audit import AuditConfig, format_table, run_audit, write_outputs
-    from twice_envs.agents.models import load_policy
-    from twice_envs.agents.train import cpu_config, train
 
     q = a.quick
     updates = a.updates or (3 if q else 30)
@@ -70,8 +78,6 @@ def main(argv: Sequence[str]) -> int:
     t0 = time.time()
     log = lambda m: print(f"[bench credit {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)  # noqa: E731
     fig: dict = {}
-
-    from twice_envs.agents import lab
 
     log("audit on CreditToy-v0 (exact advantages, keyed categorical policy)")
     toy_res = lab.run_lab_audit(lab.LabAuditConfig(env="CreditToy-v0", groups=150 if q else 600, pairs=(1,),

@@ -1,9 +1,9 @@
 """``twice demo``: the credit lab's evidence, then GRPO and Twice on SearchQA with the tiny model.
 
-1. **Lab audit** on SearchToy-v0 (:mod:`twice_envs.agents.lab`): every estimator's credit
+1. **Lab audit** on SearchToy-v0 (:mod:`twice_envs.agents.lab.runner`): every estimator's credit
    against exact advantages on over a thousand decisions, with bootstrap CIs, the
    one-pair ceiling and a scatter per method.
-2. **Learning curves** on SearchToy (:mod:`twice_envs.agents.bench_learn`): exact
+2. **Learning curves** on SearchToy (:mod:`twice_envs.agents.bench.learn`): exact
    ``V(s0)`` per update for each method over several seeds, with CI bands.
 3. **The LLM run**: loads the tiny model (the copy shipped with the package), measures
    greedy dev EM on generated single-hop SearchQA questions, trains GRPO and Twice for
@@ -24,6 +24,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+from twice_envs.agents.bench import learn as bench_learn
+from twice_envs.agents.bench.games import paired_change
+from twice_envs.agents.lab import runner as lab
+from twice_envs.agents.lab.audit import (
+    AuditConfig,
+    format_table,
+    run_audit,
+    write_outputs,
+)
+from twice_envs.agents.lab.plots import plot_runs
+from twice_envs.agents.models.load import load_policy
+from twice_envs.agents.training.config import cpu_config
+from twice_envs.agents.training.trainer import evaluate, train
 from twice_envs.trajectory import atomic_write_text
 
 
@@ -65,7 +78,6 @@ QUICK = DemoConfig(updates=2, questions_per_update=2, eval_questions=8, audit_qu
 
 def run_lab_stages(cfg: DemoConfig, out: Path, say=print) -> dict:
     """Stages 1 and 2: the lab audit and the learning curves; returns their figures."""
-    from twice_envs.agents import bench_learn, lab
 
     say(f"lab audit on SearchToy-v0: {cfg.lab_groups} groups x 5 episodes, exact A* for every decision")
     acfg = lab.LabAuditConfig(groups=cfg.lab_groups, pairs=tuple(cfg.lab_pairs), vine_k=(1, 2), n_boot=500,
@@ -107,8 +119,6 @@ def summary_lines(lab_res: dict) -> list[str]:
 def em_lines(before: dict, runs: dict) -> list[str]:
     """The dev EM table (95% Wilson intervals) and each method's change and Twice's lead over GRPO,
     paired question by question (greedy decoding, the same questions), with 95% intervals."""
-    from twice_envs.agents.games_bench import paired_change
-
     def em(e: dict) -> str:
         return f"{e['em']:.3f} [{e['em_ci'][0]:.2f}, {e['em_ci'][1]:.2f}]"
 
@@ -144,10 +154,6 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
              load=None, overrides: dict | None = None) -> dict:
     """Run the demo; ``load()`` returns a fresh policy (default: ``load_policy(model)``) and
     ``overrides`` change the trainer's CPU defaults (both for tests on small envs)."""
-    from twice_envs.agents.audit import AuditConfig, format_table, run_audit, write_outputs
-    from twice_envs.agents.models import load_policy
-    from twice_envs.agents.plots import plot_runs
-    from twice_envs.agents.train import cpu_config, evaluate, train
 
     out = Path(cfg.out)
     t0 = time.time()

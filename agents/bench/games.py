@@ -22,140 +22,23 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.devices import device_arg, torch_device
-
-
-@dataclass(frozen=True)
-class GameSetting:
-    """How one text game is played by its tiny model."""
-
-    model: str
-    """Start model (a name of :func:`~twice_envs.agents.models.resolve_model_dir` or a folder)."""
-    env_kwargs: dict = field(default_factory=dict)
-    """Keyword arguments of ``twice_envs.make`` (the model was trained with the same)."""
-    heldout_kwargs: dict = field(default_factory=dict)
-    """Extra ``make`` kwargs of the held-out env (ALFWorld: its split)."""
-    heldout_split: Optional[str] = None
-    """Reset-option split of held-out tasks (WebShop goals), None where the kwargs pick them."""
-    max_turns: int = 12
-    """Turn cap of an episode (a tiny start model is played with the cap of its transcripts instead,
-    :func:`~twice_envs.agents.recipes.trained_max_turns`)."""
-    max_new_tokens: int = 32
-    """Tokens per turn at most (an action is under 20 tokens)."""
-    window: Optional[int] = None
-    """Turns of history in the model's context (None: the window the start model was trained with,
-    :func:`~twice_envs.agents.recipes.trained_window`; whole episodes if it had none)."""
-    bench_eval: tuple[Optional[int], int] = (None, 4)
-    """``(held-out tasks, episodes per task)`` of each evaluation in ``twice bench games``, each used
-    where the command line does not set it (None tasks: the whole held-out set). Sized for two CPU cores: the
-    bench evaluates the start model and every method after training, 13 evaluations in all."""
-    heldout_games: int = 0
-    """ALFWorld: generated ``valid_unseen`` games per task type and unseen room layout to evaluate on
-    (0: the 8 bundled ones). More games narrow the intervals and make per-type figures less a
-    matter of one room."""
-
-
-GAMES: dict[str, GameSetting] = {
-    "ALFWorld-v0": GameSetting("tiny-alfworld", {"show_admissible": True}, {"split": "valid_unseen"}, None, 12, 24,
-                               bench_eval=(16, 1), heldout_games=4),
-    "WebShop-v0": GameSetting("tiny-webshop", {"show_admissible": True}, {}, "test", 6, 48, bench_eval=(80, 1)),
-}
-
-
-def heldout_tasks(env_id: str, n: Optional[int] = None,
-                  setting: Optional[GameSetting] = None) -> tuple[list, list[str], dict]:
-    """``(tasks, task types, env kwargs)`` of the held-out set of ``env_id`` (``n`` tasks: WebShop's first
-    ``n`` test goals (default 100), ``n`` ALFWorld games spread over the sorted list (default all)),
-    played as ``setting`` says (default: ``GAMES[env_id]``)."""
-    import twice_envs
-    from twice_envs.agents.rollout import Task
-
-    setting = setting or GAMES[env_id]
-    kwargs = {**setting.env_kwargs, **setting.heldout_kwargs}
-    if setting.heldout_games and env_id.startswith("ALFWorld"):
-        from twice_envs.envs.alfworld.generator import generated_collection
-
-        kwargs["data_dir"] = str(generated_collection(kwargs.get("split", "valid_unseen"), setting.heldout_games))
-    env = twice_envs.make(env_id, **kwargs).unwrapped
-    if env_id.startswith("ALFWorld"):
-        # games are sorted by task type: a subset is spread over the list so that it keeps every type
-        picks = sorted({int(round(x)) for x in np.linspace(0, len(env.games) - 1, min(n or len(env.games), len(env.games)))})
-        return [Task(0, {"index": i}) for i in picks], [env.games[i].split("-")[0] for i in picks], kwargs
-    goals = env.res.goals
-    split = goals.split_range(setting.heldout_split)
-    tasks, types = [], []
-    for i in range(min(n or 100, len(split))):
-        tasks.append(Task(0, {"split": setting.heldout_split, "index": i}))
-        types.append(str(goals[split.start + i].category or "all"))
-    return tasks, types, kwargs
-
-
-def wilson(successes: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% Wilson score interval of a binomial proportion."""
-    if n <= 0:
-        return (float("nan"), float("nan"))
-    p = successes / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
-def episodes_for_difference(p: float, diff: float = 0.05, z: float = 1.96) -> int:
-    """Held-out episodes per method for a 95% interval of a difference of two success rates near ``p``
-    to have half-width ``diff`` (so a ``diff``-point gap excludes 0)."""
-    p = min(max(p, 0.05), 0.95)
-    return int(math.ceil(2 * p * (1 - p) * (z / diff) ** 2))
-
-
-def success_of(env_id: str, ep) -> bool:
-    """ALFWorld: the goal holds; WebShop: the purchase scores 1 (WebShop's success rate)."""
-    return ep.utility >= 1.0 - 1e-9
-
-
-def summarize(env_id: str, episodes, types: Sequence[str], samples: int) -> dict:
-    """Success, valid-turn share and per-type figures of held-out episodes (``samples`` per task, in task order)."""
-    rows = {"all": [0, 0, 0, 0, 0.0]}  # episodes, successes, turns, invalid turns, reward
-    for k, ep in enumerate(episodes):
-        kind = types[k // samples]
-        for key in ("all", kind):
-            r = rows.setdefault(key, [0, 0, 0, 0, 0.0])
-            r[0] += 1
-            r[1] += int(success_of(env_id, ep))
-            r[2] += len(ep.turns)
-            r[3] += sum(t.invalid for t in ep.turns)
-            r[4] += ep.utility
-    out = {}
-    for key, (n, s, turns, bad, reward) in rows.items():
-        lo, hi = wilson(s, n)
-        out[key] = {"episodes": n, "success": s / max(n, 1), "success_ci": [lo, hi], "turns": turns,
-                    "valid_share": 1 - bad / max(turns, 1), "mean_reward": reward / max(n, 1)}
-    out["all"]["outcomes"] = [int(success_of(env_id, ep)) for ep in episodes]
-    return out
-
-
-def paired_change(after: Sequence[int], before: Sequence[int], z: float = 1.96) -> dict:
-    """Mean change of success over paired held-out episodes (the same task and sampling noise before
-    and after training) with a 95% normal interval of the mean of the per-episode differences."""
-    if len(after) != len(before) or not after:
-        raise ValueError(f"paired outcomes must have the same nonzero length, got {len(after)} and {len(before)}")
-    d = np.asarray(after, float) - np.asarray(before, float)
-    half = z * float(d.std(ddof=1)) / math.sqrt(len(d)) if len(d) > 1 else float("inf")
-    return {"change": float(d.mean()), "change_ci": [float(d.mean()) - half, float(d.mean()) + half],
-            "improves": bool(d.mean() - half > 0), "n": len(d)}
-
-
-def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,
-                  temperature: float = 1.0, setting: Optional[GameSetting] = None) -> dict:
-    """Held-out figures of ``policy`` on ``env_id``: ``samples`` episodes per held-out task at ``temperature``."""
-    from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.rollout import rollout
-
-    setting = setting or GAMES[env_id]
-    task_list, types, kwargs = heldout_tasks(env_id, tasks, setting)
-    sampling = SamplingConfig(temperature=temperature, max_new_tokens=setting.max_new_tokens)
-    eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
-                  noise_seed=noise_seed, max_turns=setting.max_turns, window=setting.window)
-    return summarize(env_id, eps, types, samples)
+from twice_envs.agents.bench.heldout import GAMES, GameSetting, evaluate_game
+from twice_envs.agents.credit.registry import methods as registered_methods
+from twice_envs.agents.models.load import load_policy, resolve_model_dir
+from twice_envs.agents.models.recipes import (
+    trained_env_kwargs,
+    trained_max_turns,
+    trained_window,
+)
+from twice_envs.agents.sampling.devices import device_arg, torch_device
+from twice_envs.agents.stats import (
+    episodes_for_difference,
+    paired_change,
+    pairs_resolution,
+    wilson,
+)
+from twice_envs.agents.training.config import cpu_config
+from twice_envs.agents.training.trainer import train
 
 
 # ----------------------------------------------------------------------------- the RL comparison
@@ -165,8 +48,8 @@ class GamesBenchConfig:
 
     envs: tuple[str, ...] = ("ALFWorld-v0", "WebShop-v0")
     """Envs to compare on."""
-    methods: tuple[str, ...] = ("grpo", "gigpo", "twice", "crr")
-    """Credit methods (each starts from the same model)."""
+    methods: tuple[str, ...] = field(default_factory=lambda: registered_methods("games"))
+    """Credit methods (each starts from the same model; default: the registered methods that join this bench)."""
     seeds: tuple[int, ...] = (0, 1, 2)
     """Training seeds per method."""
     updates: int = 4
@@ -205,11 +88,9 @@ class GamesBenchConfig:
 
     def setting(self, env_id: str) -> GameSetting:
         """The env's :data:`GAMES` setting with this run's overrides; the env is made with the kwargs
-        the start model was trained with (:func:`~twice_envs.agents.recipes.trained_env_kwargs`), with
+        the start model was trained with (:func:`~twice_envs.agents.models.recipes.trained_env_kwargs`), with
         its history window unless the setting names one, and with its turn cap
-        (:func:`~twice_envs.agents.recipes.trained_max_turns`) unless ``max_turns`` is set."""
-        from twice_envs.agents.models import resolve_model_dir
-        from twice_envs.agents.recipes import trained_env_kwargs, trained_max_turns, trained_window
+        (:func:`~twice_envs.agents.models.recipes.trained_max_turns`) unless ``max_turns`` is set."""
 
         s = GAMES[env_id]
         model_dir = resolve_model_dir(self.start_model(env_id))
@@ -221,8 +102,6 @@ class GamesBenchConfig:
 
 
 def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path, s: GameSetting):
-    from twice_envs.agents.train import cpu_config
-
     tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
                     window=s.window, max_new_tokens=s.max_new_tokens, lr=cfg.lr, indexed_tasks=False, checkpoint_every=10**9,
@@ -232,8 +111,6 @@ def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, ou
 
 def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     """Train every method from the same start model on every env; returns (and writes) the results."""
-    from twice_envs.agents.models import load_policy
-    from twice_envs.agents.train import train
 
     root = Path(cfg.out)
     results: dict = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}, "envs": {}}
@@ -319,27 +196,15 @@ def method_pairs(methods: dict) -> dict:
             for i, a in enumerate(names) for b in names[i + 1:]}
 
 
-def pairs_resolution(pairs: dict, diff: float = 0.05, z: float = 1.96) -> tuple[float, int, int]:
-    """``(largest half-width, episodes per method, episodes needed)`` of the between-method paired
-    intervals: the episodes each method would need for every pair's interval to have half-width
-    ``diff``, from the observed spread of the differences (half-width falls as one over the root of n).
-
-    Each half-width is at least that of 5% discordant pairs, as :func:`episodes_for_difference`
-    floors the rate: when few episodes disagree (every method at 0 or 1) the observed spread says
-    too little."""
-    n = min(x["n"] for x in pairs.values())
-    half = max(max((x["change_ci"][1] - x["change_ci"][0]) / 2 for x in pairs.values()), z * math.sqrt(0.05 / n))
-    return half, n, int(math.ceil(n * (half / diff) ** 2))
-
 
 def _plot(root: Path, env_id: str, cfg: GamesBenchConfig) -> None:
     try:
-        from twice_envs.agents.plots import plot_runs
+        from twice_envs.agents.lab.plots import plot_runs
     except ImportError:  # pragma: no cover
         return
     runs = [root / env_id / f"{m}-s{s}" for m in cfg.methods for s in cfg.seeds]
     try:
-        plot_runs(runs, root / f"curves-{env_id}.png", labels=[r.name for r in runs], smooth=1)
+        plot_runs(runs, root / f"curves-{env_id}.png", labels=[r.name for r in runs], window=1)
     except Exception as exc:  # noqa: BLE001 - matplotlib missing: the figures are in results.json
         print(f"(no plot: {exc})")
 
@@ -410,7 +275,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="twice bench games", description=__doc__.split("\n\n")[1])
     d = GamesBenchConfig()
     p.add_argument("--envs", default=",".join(d.envs))
-    p.add_argument("--methods", default=",".join(d.methods))
+    p.add_argument("--methods", default=",".join(d.methods),
+                   help=f"comma-separated credit methods (registered: {', '.join(registered_methods())})")
     p.add_argument("--seeds", type=int, default=len(d.seeds), help="training seeds per method")
     p.add_argument("--updates", type=int, default=d.updates)
     p.add_argument("--tasks", type=int, default=d.tasks_per_update, help="training tasks per update")
@@ -437,12 +303,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, lr=a.lr, out=a.out, max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens,
         model=dict(x.split("=", 1) for x in a.model) or None)
+    bad = [m for m in cfg.methods if m not in registered_methods()]
+    if bad:
+        p.error(f"unknown credit methods {bad}; registered: {', '.join(registered_methods())}")
     unknown = [e for e in cfg.envs if e not in GAMES]
     if unknown:
         p.error(f"unknown game env(s) {unknown}; choose from {', '.join(GAMES)}")
     if a.eval_only:
-        from twice_envs.agents.models import load_policy
-
         for env_id in cfg.envs:
             model = cfg.start_model(env_id)
             t0 = time.perf_counter()

@@ -1,9 +1,9 @@
 """``twice bench learn``: tabular softmax policies on SearchToy trained with each credit method.
 
-Every method starts from the same initial policy (:func:`~twice_envs.agents.search_toy.search_toy_policy`)
+Every method starts from the same initial policy (:func:`~twice_envs.agents.lab.search_toy.search_toy_policy`)
 and samples the same factual batches' noise seeds; after every update the policy's
 exact ``V(s0)`` is computed by dynamic programming, so a curve has no evaluation noise.
-Advantages come from :func:`~twice_envs.agents.twins.credit_step` (the project's
+Advantages come from :func:`~twice_envs.agents.rollout.twins.credit_step` (the project's
 estimators) with the lab's twin runners; Twice and CRR spend the same auxiliary budget
 ``beta`` x policy tokens, VinePPO its ``K`` rollouts per state. The update is the
 policy gradient of the tabular softmax, ``theta[s] += lr mean_episodes sum_t A_t (e_a - pi(s)) / T``.
@@ -26,16 +26,25 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents import credit_stats as cs
-from twice_envs.agents import toy
+from twice_envs.agents import stats as cs
 from twice_envs.agents.credit import twice
-from twice_envs.agents.lab import add_setting_args, lab_runners, setting_from_args
-from twice_envs.agents.search_toy import SearchToyPolicy, SearchToySetting, search_toy_policy
-from twice_envs.agents.twins import credit_step
+from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.registry import methods as registered_methods
+from twice_envs.agents.lab import toy
+from twice_envs.agents.lab.plots import plot_bands
+from twice_envs.agents.lab.runner import (
+    add_setting_args,
+    lab_runners,
+    setting_from_args,
+)
+from twice_envs.agents.lab.search_toy import (
+    SearchToyPolicy,
+    SearchToySetting,
+    search_toy_policy,
+)
+from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.envs.searchtoy.env import transition
 from twice_envs.trajectory import atomic_write_text
-
-METHODS = ("grpo", "twice", "crr", "vineppo")
 
 
 @dataclass
@@ -44,8 +53,8 @@ class LearnConfig:
 
     setting: SearchToySetting = field(default_factory=SearchToySetting)
     """World and initial policy."""
-    methods: tuple = METHODS
-    """Credit methods to train."""
+    methods: tuple = field(default_factory=lambda: registered_methods("learn"))
+    """Credit methods to train (default: the registered methods that join this bench)."""
     seeds: int = 10
     """Independent runs per method."""
     updates: int = 30
@@ -119,7 +128,8 @@ def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
             p_tok.append(p)
         curves[m] = np.array(runs)
         a_tok, p_tok = np.array(a_tok), np.array(p_tok)
-        w = config.warmup_updates if m == "twice" else 0  # Twice's warm-up ignores the budget
+        # the predictor's warm-up (twin methods) branches every decision, ignoring the budget
+        w = config.warmup_updates if "twins" in get_method(m).needs else 0
         tokens[m] = {"aux": int(a_tok.sum()), "policy": int(p_tok.sum()),
                      "aux_per_policy": float(a_tok.sum() / p_tok.sum()),
                      # NaN when every update was a warm-up one
@@ -166,8 +176,6 @@ def format_learn(res: dict) -> str:
 
 
 def write_learn(res: dict, out_dir: Path) -> dict:
-    from twice_envs.agents.plots import plot_bands
-
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out_dir / "learn.json", json.dumps(res, indent=1))
     n = len(next(iter(res["methods"].values()))["curve"])
@@ -183,7 +191,7 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--groups", type=int, default=LearnConfig.groups)
     p.add_argument("--lr", type=float, default=LearnConfig.lr)
     p.add_argument("--beta", type=float, default=LearnConfig.beta)
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    p.add_argument("--methods", nargs="+", default=list(registered_methods("learn")), choices=registered_methods())
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/bench_learn")
     add_setting_args(p)

@@ -13,6 +13,12 @@ from typing import Sequence
 
 import torch
 
+from twice_envs._deps import available
+from twice_envs.agents.models.load import load_policy, resolve_model_dir
+from twice_envs.agents.rollout import episodes as R
+from twice_envs.agents.rollout.context import initial_prompt_ids
+from twice_envs.agents.sampling.policy import GenerationRequest, SamplingConfig
+from twice_envs.keys import NoiseKey
 from twice_envs.noise import sampling_logprobs
 
 
@@ -36,16 +42,12 @@ class PlainSampler:
 
 
 def _prompt(policy) -> list[int]:
-    from twice_envs.agents.sequence import initial_prompt_ids
-
     text = ("Answer the question below. If you are missing some knowledge, search with <search> query </search>. "
             "Question: which river flows through the city where the author of the novel was born?")
     return initial_prompt_ids(policy.tokenizer, text)
 
 
 def _time_generate(policy, batch: int, tokens: int, keyed: bool, sampling) -> float:
-    from twice_envs.agents.policy import GenerationRequest
-    from twice_envs.keys import NoiseKey
 
     prompt = _prompt(policy)
     reqs = [GenerationRequest(prompt, NoiseKey(1000 + b, 0, 0)) for b in range(batch)]
@@ -78,8 +80,6 @@ def sampler_main(argv: Sequence[str]) -> int:
         if code or not args.models:
             return code
 
-    from twice_envs.agents.models import load_policy
-    from twice_envs.agents.policy import SamplingConfig
 
     sampling = SamplingConfig(temperature=1.0, top_p=args.top_p, max_new_tokens=args.tokens)
     print(f"keyed vs plain sampling, {args.tokens} tokens per row, top_p {args.top_p}, "
@@ -116,22 +116,19 @@ def sampler_main(argv: Sequence[str]) -> int:
 
 
 def _vllm_overhead(model: str, top_p: float) -> int:
-    """Runs :mod:`twice_envs.agents.vllm_bench` in a child process (vLLM engines need a main module)."""
+    """Runs :mod:`twice_envs.agents.bench.vllm` in a child process (vLLM engines need a main module)."""
     import json
     import os
     import subprocess
 
-    from twice_envs._deps import available
-
     if not available("vllm"):
         print("vLLM is not installed: pip install 'twice-envs[vllm]' (on CPU: see tests/sidecar/vllm_cpu.sh)")
         return 2
-    from twice_envs.agents.models import resolve_model_dir
 
     path = str(resolve_model_dir(model))
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # the CPU backend otherwise asks for most of the machine's memory
-    cmd = [sys.executable, "-m", "twice_envs.agents.vllm_bench", "--model", path, "--top-p", str(top_p)]
+    cmd = [sys.executable, "-m", "twice_envs.agents.bench.vllm", "--model", path, "--top-p", str(top_p)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     line = next((x for x in res.stdout.splitlines() if x.startswith("VLLM_BENCH ")), None)
     if res.returncode or line is None:
@@ -163,9 +160,6 @@ def rollout_main(argv: Sequence[str]) -> int:
     if args.quick:
         args.tasks, args.group, args.max_new_tokens, args.max_turns = 2, 2, 24, 2
 
-    from twice_envs.agents import rollout as R
-    from twice_envs.agents.models import load_policy
-    from twice_envs.agents.policy import SamplingConfig
 
     policy = load_policy(args.model)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)

@@ -3,7 +3,7 @@
 Run as a script (vLLM starts worker processes, so the engines are created under
 ``if __name__ == "__main__"``)::
 
-    python -m twice_envs.agents.vllm_bench --model PATH [--batch 8] [--tokens 64] [--repeats 2]
+    python -m twice_envs.agents.bench.vllm --model PATH [--batch 8] [--tokens 64] [--repeats 2]
 
 ``twice bench sampler --vllm PATH`` runs it. Both engines get the same settings (dtype,
 context length, eager mode, no prefix caching, seed); the plain engine samples with vLLM's
@@ -19,6 +19,10 @@ import gc
 import json
 import time
 from typing import Optional, Sequence
+
+from twice_envs.agents.sampling.vllm import keyed_extra_args
+from twice_envs.agents.sampling.vllm_engine import make_vllm_processor_class
+from twice_envs.keys import NoiseKey
 
 
 def _engine(model: str, processor: Optional[type]):
@@ -56,8 +60,6 @@ def measure(model: str, batch: int = 8, tokens: int = 64, repeats: int = 2, temp
     import vllm
     from vllm import SamplingParams
 
-    from twice_envs.agents.vllm_processor import keyed_extra_args, make_vllm_processor_class
-    from twice_envs.keys import NoiseKey
 
     cls = make_vllm_processor_class()
     keyed_params = [SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -81,7 +83,7 @@ def measure(model: str, batch: int = 8, tokens: int = 64, repeats: int = 2, temp
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m twice_envs.agents.vllm_bench", description=measure.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m twice_envs.agents.bench.vllm", description=measure.__doc__)
     parser.add_argument("--model", required=True, help="a local Hugging Face model directory")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)

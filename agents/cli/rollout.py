@@ -14,8 +14,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from twice_envs.agents.devices import device_arg
+from twice_envs.agents.models.load import load_policy, resolve_model_dir
+from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
+from twice_envs.agents.rollout.episodes import Task, rollout
+from twice_envs.agents.sampling.devices import device_arg
+from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.agents.types import EpisodeRecord
+from twice_envs.errors import TrajectoryFormatError
+from twice_envs.trajectory import atomic_write_text, iter_json_lines
 
 
 def episode_line(ep: EpisodeRecord) -> dict:
@@ -31,16 +37,12 @@ def episode_line(ep: EpisodeRecord) -> dict:
 
 def save_episodes(path: str | Path, episodes: Sequence[EpisodeRecord]) -> None:
     """Write episodes as JSON lines (atomically), replayable with ``twice replay``."""
-    from twice_envs.trajectory import atomic_write_text
-
     lines = [json.dumps(episode_line(ep), ensure_ascii=False, allow_nan=False) for ep in episodes]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def load_episodes(path: str | Path) -> list[EpisodeRecord]:
     """Read episodes written by :func:`save_episodes`."""
-    from twice_envs.errors import TrajectoryFormatError
-    from twice_envs.trajectory import iter_json_lines
 
     out = []
     for where, data in iter_json_lines(path):
@@ -90,10 +92,6 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
     args = parser.parse_args(argv)
 
-    from twice_envs.agents.models import load_policy, resolve_model_dir
-    from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.recipes import trained_env_kwargs, trained_window
-    from twice_envs.agents.rollout import Task, rollout
 
     policy = load_policy(args.model, backend=args.backend, device=args.device)
     model_dir = resolve_model_dir(args.model)

@@ -1,6 +1,8 @@
 """Credit estimators: pure functions from episodes (and their twins) to per-turn advantages.
 
+* :mod:`.registry` -- the one registry of credit methods (:func:`~.registry.get_method`).
 * :mod:`.grpo` -- group-normalised episode return broadcast to every turn.
+* :mod:`.gigpo` -- GiGPO: the episode term plus anchor-state step groups.
 * :mod:`.twice` -- twin credit: branch and evidence coins, inverse-probability weights.
 * :mod:`.budget` -- the square-root branching rule and the budget bisection.
 * :mod:`.predictor` -- the discordance predictor that feeds the branching rule.
@@ -8,5 +10,18 @@
 * :mod:`.vineppo` -- Monte Carlo values from forks.
 * :mod:`.ablations` -- one-change variants of Twice, selected by name.
 
-The trainer only calls these; none of them touches a model or an env.
+Importing this package registers the built-in methods, in this order. None of them
+touches a model or an env: auxiliary rollouts come through the caller's
+:class:`~.registry.CreditContext`.
 """
+
+# isort: skip_file
+# The order of these imports is the order of registration (and of every method list).
+from twice_envs.agents.credit import grpo  # noqa: F401
+from twice_envs.agents.credit import gigpo  # noqa: F401
+from twice_envs.agents.credit import twice  # noqa: F401
+from twice_envs.agents.credit import crr  # noqa: F401
+from twice_envs.agents.credit import vineppo  # noqa: F401
+from twice_envs.agents.credit.registry import (  # noqa: F401
+    CreditContext, CreditMethod, CreditResult, get_method, methods, register_credit,
+)

@@ -16,7 +16,12 @@ from typing import Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit import twice
+from twice_envs.agents.credit import predictor, twice
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    register_credit,
+)
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -47,3 +52,16 @@ def crr_credit(
     cfg = crr_config(config)
     return twice.twin_credit(episodes, counterfactuals, plan, [True] * len(counterfactuals), cfg)
 
+
+
+@register_credit("crr", display="CRR", description="independent counterfactuals branched uniformly",
+                 needs=("counterfactuals",), config=twice.TwiceConfig, benches=("learn", "games"),
+                 verl="twice_envs.integrations.verl.estimators:crr_advantages")
+def crr_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Uniform branch coins at Twice's expected cost, one independent counterfactual each."""
+    config = ctx.twice or twice.TwiceConfig()
+    state = ctx.predictor_state or predictor.PredictorState()
+    cfg = crr_config(config)
+    plan = plan_branches(factual, ctx.rng, config, cost_scale=state.cost_scale)
+    tw, credit, scale, stats, state = twice.run_planned_twins(ctx, factual, plan, cfg, state)
+    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)

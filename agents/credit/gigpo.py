@@ -25,6 +25,11 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    register_credit,
+)
 from twice_envs.agents.types import EpisodeRecord
 
 MODES = ("mean_norm", "mean_std_norm")
@@ -138,3 +143,11 @@ def gigpo_credit(episodes: Sequence[EpisodeRecord], config: GiGPOConfig = GiGPOC
     a_e = episode_term(episodes, config)
     a_s = step_term(episodes, config)
     return [a_e[i] + config.omega * a_s[i] for i in range(len(episodes))]
+
+
+@register_credit("gigpo", display="GiGPO", description="episode term plus anchor-state step groups",
+                 needs=("anchor_groups",), config=GiGPOConfig, benches=("games",),
+                 verl="twice_envs.integrations.verl.estimators:gigpo_advantages")
+def gigpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """GiGPO with its published settings; its step groups come from the episodes' own observations."""
+    return CreditResult(gigpo_credit(episodes))

@@ -11,6 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    register_credit,
+)
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -49,3 +54,9 @@ def grpo_credit(episodes: Sequence[EpisodeRecord], *, normalize: bool = True) ->
     """GRPO advantages: one array of per-turn advantages per episode."""
     adv = episode_advantages([ep.utility for ep in episodes], [ep.group for ep in episodes], normalize=normalize)
     return broadcast(adv, episodes)
+
+
+@register_credit("grpo", display="GRPO", description="group-normalised episode return", benches=("learn", "games"))
+def grpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """GRPO needs nothing besides the episodes."""
+    return CreditResult(grpo_credit(episodes))

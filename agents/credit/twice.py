@@ -40,9 +40,15 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents.credit import budget as budget_rules
+from twice_envs.agents.credit import predictor
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.predictor import decision_index
-from twice_envs.agents.credit_stats import per_decision_rho
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    register_credit,
+)
+from twice_envs.agents.stats import per_decision_rho
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -194,16 +200,6 @@ def plan_branches(
     return BranchPlan(index, costs, eta_arr, q, coins, lam, target)
 
 
-def same_evidence(factual: EpisodeRecord, turn: int, obs: str, over: bool) -> bool:
-    """Whether an alternative turn got the factual turn's evidence.
-
-    True when the observations are equal and neither the alternative nor the factual
-    turn ended the episode: an observation after the last turn (often ``""``) is no
-    evidence, and a twin that ended has its outcome already, with nothing left to skip.
-    """
-    return (not over) and turn < len(factual.turns) - 1 and obs == factual.turns[turn].obs
-
-
 def evidence_exponent(twin: EpisodeRecord) -> int:
     """``e_t``: 1 for a same-evidence twin that is not a self-twin."""
     return int(bool(twin.same_evidence) and not twin.self_twin)
@@ -341,7 +337,7 @@ def twin_stats(credit: TwinCredit, plan: BranchPlan, twins: Sequence[EpisodeReco
 def within_decision_rho(pairs: Sequence[tuple[int, float, float, int, bool]]) -> float:
     """``rho-bar`` from the kept pairs of decisions with at least two of them: each pair is
     centred on its decision's means of ``U`` and ``U'`` and the centred pairs are pooled
-    (:func:`~twice_envs.agents.credit_stats.per_decision_rho`). It needs ``J >= 2``
+    (:func:`~twice_envs.agents.stats.per_decision_rho`). It needs ``J >= 2``
     independent pairs (a star shares one ``U``); NaN otherwise."""
     by: dict[int, list[tuple[float, float]]] = {}
     for r, u, v, _, k in pairs:
@@ -367,3 +363,54 @@ def pair_correlation(pairs: Sequence[tuple[float, float]]) -> float:
     if a[:, 0].std() == 0 or a[:, 1].std() == 0:
         return float("nan")
     return float(np.corrcoef(a[:, 0], a[:, 1])[0, 1])
+
+
+# --------------------------------------------------------------------------- the training step
+
+
+def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan: BranchPlan, config: TwiceConfig,
+                      state: "predictor.PredictorState"):
+    """Run the twins of a branch plan through ``ctx`` and score them (shared by Twice and CRR).
+
+    Returns ``(twins, credit, scale, stats, state)``, with the cost calibration and the twin
+    scale tracked in ``state``."""
+    tw = ctx.need("twins")(ctx.policy, factual, plan.branched_decisions, config, ctx.sampling, ctx.rng,
+                           noise_seed=ctx.noise_seed)
+    credit = twin_credit(factual, tw.records, plan, tw.kept, config)
+    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
+    scale = twin_scale([ep.utility for ep in factual], config, state.twin_rms)
+    stats = twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
+    state = predictor.calibrate_cost(state, tw.aux_tokens,
+                                     float(np.dot(plan.q, plan.costs)) * twins_per_decision(config))
+    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
+    stats["cost_scale"] = state.cost_scale
+    return tw, credit, scale, stats, state
+
+
+@register_credit("twice", display="Twice", description="twin credit on GRPO's term (coupled twins, budget rule)",
+                 needs=("twins",), config=TwiceConfig, benches=("learn", "games"),
+                 verl="twice_envs.integrations.verl.estimators:twin_advantages")
+def twice_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Plan branches with the square-root rule, run the twins, combine, and fit the predictor."""
+    config = ctx.twice or TwiceConfig()
+    state = ctx.predictor_state or predictor.PredictorState()
+    X = predictor.decision_features(factual)
+    eta = predictor.predict(state, X)
+    mixed = config.branching == "mixed"
+    success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
+    plan = plan_branches(factual, config, eta, ctx.rng, update=ctx.update, cost_scale=state.cost_scale,
+                         success=success)
+    tw, credit, scale, stats, state = run_planned_twins(ctx, factual, plan, config, state)
+    # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
+    rows, labels, weights = [], [], []
+    for (r, u, v, e, kept) in credit.pairs:
+        if kept:
+            rows.append(r)
+            labels.append(float(u != v))
+            weights.append(1.0 / (plan.q[r] * config.q_same**e))
+    stats["predictor_auc"] = predictor.auc(eta[rows], labels) if rows else float("nan")
+    stats["discordance"] = float(np.mean(labels)) if labels else float("nan")
+    new_state = predictor.sgd_update(state, X[rows], np.array(labels), np.array(weights), ctx.rng) if rows else state
+    if mixed:
+        new_state = predictor.fit_success(new_state, factual, ctx.rng)
+    return CreditResult(combine(factual, plan.index, credit.a_hat, config, scale), tw.aux_tokens, stats, new_state)

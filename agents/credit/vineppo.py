@@ -12,6 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    register_credit,
+)
 from twice_envs.agents.types import EpisodeRecord
 
 #: Published rollouts per state.
@@ -48,3 +53,11 @@ def state_values(
 def vine_credit(episodes: Sequence[EpisodeRecord], value_rollouts: Sequence[EpisodeRecord]) -> list[np.ndarray]:
     """``V(s_{t+1}) - V(s_t)`` per turn, one array per episode."""
     return [np.diff(v) for v in state_values(episodes, value_rollouts)]
+
+
+@register_credit("vineppo", display="VinePPO", description="Monte Carlo values from forks",
+                 needs=("value_rollouts",), benches=("learn",))
+def vineppo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """``ctx.vine_k`` value rollouts from every turn boundary, then :func:`vine_credit`."""
+    vals = ctx.need("values")(ctx.policy, episodes, ctx.sampling, k=ctx.vine_k, noise_seed=ctx.noise_seed)
+    return CreditResult(vine_credit(episodes, vals.records), vals.aux_tokens)

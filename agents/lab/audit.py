@@ -16,7 +16,7 @@ decisions, before any normalisation, in utility units:
   over ``J`` independent pairs (pair 0: the factual episode and its coupled twin;
   pair ``j >= 1``: a replica of the factual turn and a twin, both on a fresh seed);
 * ``twice-train``: the training-time twin credit ``A_hat`` of
-  :func:`~twice_envs.agents.twins.credit_step` (budget ``beta`` with the square-root
+  :func:`~twice_envs.agents.rollout.twins.credit_step` (budget ``beta`` with the square-root
   rule and an untrained predictor, evidence coins, inverse weights), and
   ``twice-train+traj``: ``(U - mean_g U) + omega A_hat``, the trainer's advantage
   before the batch scale;
@@ -27,12 +27,12 @@ Every figure has a 95% percentile bootstrap CI that resamples audited episodes
 (their decisions share outcomes): wrong-sign rate among decisions with
 ``|A*| >= 0.05`` (credit strictly of the opposite sign), zero-credit share there,
 Pearson correlation with ``A*``, MSE relative to GRPO's, the ``J``-pair ceiling
-(:func:`~twice_envs.agents.credit_stats.one_pair_ceiling`), per-decision ``rho-bar``
+(:func:`~twice_envs.agents.stats.one_pair_ceiling`), per-decision ``rho-bar``
 (pairs centred on the oracle values ``V(s_{t+1})`` and ``V(s_t)``) and auxiliary tokens;
 then a per-turn breakdown and paired comparisons of Twice against each baseline at no
 more auxiliary tokens. The oracle is itself an estimate (``oracle_rollouts`` per
 state): its noise adds the same amount to every method's MSE and lowers every Pearson.
-The lab envs (exact ``A*``) go through :mod:`twice_envs.agents.lab`, which computes
+The lab envs (exact ``A*``) go through :mod:`twice_envs.agents.lab.runner`, which computes
 the rows with the same functions.
 """
 
@@ -49,10 +49,31 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents import credit_stats as cs
+from twice_envs.agents import stats as cs
+from twice_envs.agents.credit import crr
 from twice_envs.agents.credit.gigpo import gigpo_credit
-from twice_envs.agents.lab import equal_token_comparisons, per_turn_table, row_stats, write_breakdowns, write_method_table
-from twice_envs.agents.twins import fresh_seed
+from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.lab.plots import plot_credit_scatter
+from twice_envs.agents.lab.runner import (
+    equal_token_comparisons,
+    lab_main,
+    per_turn_table,
+    row_stats,
+    write_breakdowns,
+    write_method_table,
+)
+from twice_envs.agents.models.load import load_policy, load_run_policy
+from twice_envs.agents.rollout.episodes import (
+    BranchRequest,
+    Task,
+    branch_rollouts,
+    rollout,
+)
+from twice_envs.agents.rollout.twins import credit_step, run_twins
+from twice_envs.agents.sampling.policy import SamplingConfig
+from twice_envs.agents.training.config import cpu_config
+from twice_envs.agents.training.trainer import split_size
+from twice_envs.keys import independent_seed
 from twice_envs.trajectory import atomic_write_text
 
 
@@ -139,9 +160,7 @@ class AuditResult:
 
 
 def _value_requests(audited, eps, n_rollouts, salt, noise_seed):
-    from twice_envs.agents.rollout import BranchRequest
-
-    return [BranchRequest(i, t, branch=1 + m, coupled=False, noise_seed=fresh_seed(noise_seed + salt, i, t, m))
+    return [BranchRequest(i, t, branch=1 + m, coupled=False, noise_seed=independent_seed(noise_seed + salt, i, t, m))
             for i in audited for t in range(len(eps[i].turns)) for m in range(n_rollouts)]
 
 
@@ -178,12 +197,6 @@ def _pair_credit(eps, decisions, twins) -> tuple[list[np.ndarray], list[int], li
 
 def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResult:
     """Sample, estimate the oracle, compute every estimator's credit; see the module docstring."""
-    from twice_envs.agents.credit import crr
-    from twice_envs.agents.credit.twice import TwiceConfig
-    from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.rollout import Task, branch_rollouts, rollout
-    from twice_envs.agents.train import split_size
-    from twice_envs.agents.twins import credit_step, run_twins
 
     if min(config.pairs) < 1 or min(config.vine_k) < 1:
         raise ValueError(f"pairs and vine_k must be >= 1, got {config.pairs} and {config.vine_k}")
@@ -341,8 +354,6 @@ def format_table(result: AuditResult) -> str:
 def write_outputs(result: AuditResult, out_dir: Path) -> dict:
     """``audit.json`` (everything), ``audit.csv`` (one row per method, each figure with
     ``_lo`` / ``_hi`` columns), ``audit_decisions.csv`` and ``audit.png``; returns their paths."""
-    from twice_envs.agents.plots import plot_credit_scatter
-
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"config": asdict(result.config), "rows": result.rows, "pairs": result.pair_rows,
            "per_turn": result.per_turn, "comparisons": result.comparisons, "policy_tokens": result.policy_tokens,
@@ -380,10 +391,8 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
 
 def audit_main(argv: Sequence[str]) -> int:
     """``twice audit --checkpoint C --env ENV``; the lab envs (exact A*, no checkpoint) go to
-    :func:`twice_envs.agents.lab.lab_main`."""
+    :func:`twice_envs.agents.lab.runner.lab_main`."""
     if any(a in ("SearchToy-v0", "CreditToy-v0") for a in argv) and "--checkpoint" not in argv:
-        from twice_envs.agents.lab import lab_main
-
         return lab_main(argv)
     p = argparse.ArgumentParser(prog="twice audit", description="Credit audit against oracle advantages.")
     p.add_argument("--checkpoint", required=True, help="run directory, its checkpoint/, or 'tiny'")
@@ -406,14 +415,10 @@ def audit_main(argv: Sequence[str]) -> int:
     if min(a.pairs) < 1 or min(a.vine_k) < 1:
         p.error("--pairs and --vine-k must be >= 1")
     if a.checkpoint in ("tiny", "smollm2-135m"):
-        from twice_envs.agents.models import load_policy
-        from twice_envs.agents.train import cpu_config
 
         policy, tcfg = load_policy(a.checkpoint), cpu_config(model=a.checkpoint)
         out = Path(a.out or "audit")
     else:
-        from twice_envs.agents.train import load_run_policy
-
         policy, tcfg = load_run_policy(a.checkpoint)
         run = Path(a.checkpoint)
         out = Path(a.out) if a.out else (run.parent if run.name == "checkpoint" else run) / "audit"

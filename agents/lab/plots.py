@@ -14,11 +14,11 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs._deps import require
+
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
-    from twice_envs._deps import require
-
     mpl = require("matplotlib", "plot", "plots")
     mpl.use("Agg")
     import matplotlib.pyplot as plt
@@ -31,35 +31,47 @@ def read_metrics(run: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
 
 
-def _smooth(y: np.ndarray, k: int) -> np.ndarray:
+def smooth(y: np.ndarray, k: int) -> np.ndarray:
+    """Trailing mean over up to ``k`` updates, one value per update (the first ones average
+    fewer); a run shorter than the window is shown as it is."""
+    y = np.asarray(y, dtype=float)
     if k <= 1 or len(y) < k:
         return y
-    return np.convolve(y, np.ones(k) / k, mode="valid")
+    c = np.cumsum(np.insert(y, 0, 0.0))
+    i = np.arange(1, len(y) + 1)
+    lo = np.maximum(i - k, 0)
+    return (c[i] - c[lo]) / (i - lo)
+
+
+def panel_points(rows: Sequence[dict], key: str, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    """The ``(update, value)`` points a panel plots for ``key``: every update that has the value,
+    from the first on (``eval_em``: the greedy evaluations, never smoothed)."""
+    if key == "eval_em":
+        pts = [(m["update"], m["eval"]["em"]) for m in rows if isinstance(m.get("eval"), dict)]
+        k = 1
+    else:
+        pts = [(m["update"], m[key]) for m in rows if m.get(key) is not None]
+    if not pts:
+        return np.array([]), np.array([])
+    x, y = np.array(pts, dtype=float).T
+    return x, smooth(y, k)
 
 
 PANELS = (("reward", "training reward"), ("eval_em", "dev EM (greedy)"), ("realised_beta", "aux / policy tokens"),
           ("time", "seconds per update"))
 
 
-def plot_runs(runs: Sequence[Path], out: Path, *, labels: Sequence[str] | None = None, smooth: int = 5) -> Path:
-    """One PNG with a panel per metric and a line per run."""
+def plot_runs(runs: Sequence[Path], out: Path, *, labels: Sequence[str] | None = None, window: int = 5) -> Path:
+    """One PNG with a panel per metric and a line per run (trailing means over ``window`` updates)."""
     plt = pyplot()
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4 * len(PANELS), 3.2))
     for r, run in enumerate(runs):
         rows = read_metrics(run)
         label = labels[r] if labels else Path(run).name
         for ax, (key, title) in zip(axes, PANELS):
-            if key == "eval_em":
-                pts = [(m["update"], m["eval"]["em"]) for m in rows if isinstance(m.get("eval"), dict)]
-                if pts:
-                    x, y = zip(*pts)
-                    ax.plot(x, y, marker="o", label=label)
-            else:
-                pts = [(m["update"], m[key]) for m in rows if m.get(key) is not None]
-                if pts:
-                    x, y = np.array(pts, dtype=float).T
-                    ys = _smooth(y, smooth)
-                    ax.plot(x[len(x) - len(ys):], ys, label=label)
+            x, y = panel_points(rows, key, window)
+            if len(x):
+                ax.plot(x, y, marker="o" if key == "eval_em" or len(x) < 20 else None, label=label)
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("update")
     axes[0].legend(fontsize=8)
@@ -77,7 +89,7 @@ def plot_main(argv: Sequence[str]) -> int:
     p.add_argument("--out", default="curves.png")
     p.add_argument("--smooth", type=int, default=5, help="moving-average window")
     a = p.parse_args(argv)
-    path = plot_runs([Path(r) for r in a.runs], Path(a.out), smooth=a.smooth)
+    path = plot_runs([Path(r) for r in a.runs], Path(a.out), window=a.smooth)
     print(f"wrote {path}")
     return 0
 

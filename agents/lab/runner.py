@@ -12,10 +12,14 @@ noise; every decision's true advantage ``A*`` is exact. For the same decisions:
   independent pairs (pair 0: the factual episode and its coupled twin; pair ``j >= 1``:
   a replica of the factual turn and a coupled twin, both on a fresh downstream seed);
 * ``twice-train``: the training-time credit ``A_hat`` of
-  :func:`~twice_envs.agents.twins.credit_step` (branch budget ``beta``, evidence coins,
+  :func:`~twice_envs.agents.rollout.twins.credit_step` (branch budget ``beta``, evidence coins,
   inverse weights), after a predictor warm-up on other batches;
 * ``crr Jx``: the mean of ``J`` independent counterfactuals per decision;
-* ``vineppo Kx``: ``V(s_{t+1}) - V(s_t)`` from ``K`` rollouts per state.
+* ``vineppo Kx``: ``V(s_{t+1}) - V(s_t)`` from ``K`` rollouts per state;
+* one row named by each registered credit method that has no row above (``twice``, ``crr``,
+  ``vineppo``, and any method registered later): its per-turn advantage exactly as its update
+  consumes it (its registered step at update 0, through the lab's runners). These are in the
+  update's units (GRPO-normalised), so read their wrong-sign rate and Pearson, not their MSE.
 
 Each figure comes with a 95% percentile bootstrap CI that resamples GRPO groups
 (an episode's decisions and its group share outcomes): wrong-sign over ``|A*| >= 0.05``,
@@ -33,19 +37,22 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from twice_envs import NoiseSchedule, derive_episode_seed
-from twice_envs.agents import credit_stats as cs
-from twice_envs.agents import toy
+from twice_envs import NoiseSchedule
+from twice_envs.agents import stats as cs
 from twice_envs.agents.credit import twice, vineppo
 from twice_envs.agents.credit.gigpo import gigpo_credit
 from twice_envs.agents.credit.predictor import decision_index
-from twice_envs.agents.search_toy import SearchToySetting, search_toy_policy
-from twice_envs.agents.twins import Twins, credit_step
+from twice_envs.agents.lab import toy
+from twice_envs.agents.lab.plots import plot_credit_scatter
+from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
+from twice_envs.agents.credit.registry import methods as registered_methods
+from twice_envs.agents.rollout.twins import Twins, credit_step
 from twice_envs.agents.types import EpisodeRecord
+from twice_envs.keys import lab_pair_seed
 from twice_envs.trajectory import atomic_write_text
 from twice_envs.wrappers.twin import twin
 
@@ -65,7 +72,7 @@ def lab_policy(env: str = "SearchToy-v0", setting: SearchToySetting = SearchToyS
 
 
 def lab_runners(envs: Sequence):
-    """``(twins_fn, values_fn)`` for :func:`~twice_envs.agents.twins.credit_step` on a lab
+    """``(twins_fn, values_fn)`` for :func:`~twice_envs.agents.rollout.twins.credit_step` on a lab
     policy whose factual episodes live in ``envs`` (one pair, no star, per decision)."""
 
     def twins_fn(policy, factual, decisions, config, sampling, rng, *, noise_seed=0) -> Twins:
@@ -100,7 +107,7 @@ def replica_pairs(policy, episodes: Sequence[EpisodeRecord], envs: Sequence, dec
     reps, rep_recs, tws, tw_recs, alt_keys, alt_states, forks = [], [], [], [], [], [], []
     for i, t in decisions:
         ep = episodes[i]
-        sched = NoiseSchedule(derive_episode_seed(ep.options["noise_seed"], 5_000_011 * pair + t))
+        sched = NoiseSchedule(lab_pair_seed(ep.options["noise_seed"], pair, t))
         forks.append((envs[i].fork(t), envs[i].fork(t), sched))
         alt_keys.append(sched.with_branch(t, 1).key(t))
         alt_states.append(policy.state(forks[-1][1]))
@@ -256,6 +263,15 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     # Twice at training time: the real credit step after a predictor warm-up
     a_hat, train_aux = training_time_twice(policy, eps, envs, config)
     credit["twice-train"], aux["twice-train"], pairs_of["twice-train"] = a_hat, train_aux, 0
+    # every registered method without a row yet: its advantage as its update consumes it
+    tf, vf = lab_runners(envs)
+    for name in registered_methods():
+        if name in credit:
+            continue
+        res = credit_step(name, policy, eps, config=twice.TwiceConfig(beta=config.beta), sampling=None,
+                          rng=np.random.default_rng(config.seed + 23), update=0, noise_seed=config.seed + 23,
+                          twins_fn=tf, values_fn=vf)
+        credit[name], aux[name], pairs_of[name] = np.concatenate(res.advantages), res.aux_tokens, 0
     log("lab audit: credit computed; bootstrapping")
 
     idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=groups, seed=config.seed))
@@ -397,7 +413,6 @@ def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
         buf.write(",".join([str(res.groups[k]), str(res.turns[k]), f"{res.oracle[k]:.6g}"]
                            + [f"{res.credit[n][k]:.6g}" for n in names]) + "\n")
     atomic_write_text(out_dir / "lab_decisions.csv", buf.getvalue())
-    from twice_envs.agents.plots import plot_credit_scatter
 
     png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1",
                                                                       "vineppo K2") if n in res.credit},

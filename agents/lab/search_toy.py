@@ -3,7 +3,7 @@
 :class:`SearchToyPolicy` is a tabular softmax policy: its logits depend on the facts
 found so far (a bitmask) and on the previous action, which stands in for an LLM's
 dependence on the wording of its own earlier turns. It is a lab policy in the sense
-of :mod:`twice_envs.agents.toy` (sampled through keyed noise, forks and twins).
+of :mod:`twice_envs.agents.lab.toy` (sampled through keyed noise, forks and twins).
 
 Exact values: the state that matters is ``(turn, found, prev)``, so ``V`` and ``Q``
 are arrays filled backwards from the horizon with the env's own dynamics
@@ -18,7 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
-from twice_envs.envs.searchtoy.env import INVALID, SearchToyConfig, outcome, transition
+from twice_envs.envs.searchtoy.env import (
+    INVALID,
+    SearchToyConfig,
+    outcome,
+    parse_action,
+    transition,
+)
 
 ENV_ID = "SearchToy-v0"
 
@@ -109,8 +115,6 @@ class SearchToyPolicy:
         return self.config.action_text(a)
 
     def action_of(self, text: str) -> int:
-        from twice_envs.envs.searchtoy.env import parse_action
-
         return parse_action(self.config, text)
 
     def episode_advantages(self, actions: Sequence[int]) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Exact-advantage lab policies sampled through the real machinery, and CreditToy-v0.
+"""Exact-advantage lab policies sampled through the real machinery.
 
 A *lab policy* is a small categorical policy over an env's actions whose values are
 exact (by enumeration or dynamic programming). It samples exactly like the LLM
@@ -14,21 +14,12 @@ key, and its twins go through the same fork and twin machinery. It provides:
 
 :func:`toy_rollouts`, :func:`toy_twins` and :func:`exact_advantages` work for any of
 them; :class:`ToyPolicy` (CreditToy, below) and
-:class:`~twice_envs.agents.search_toy.SearchToyPolicy` are the two in the project.
+:class:`~twice_envs.agents.lab.search_toy.SearchToyPolicy` are the two in the project.
 
-CreditToy-v0 is the smallest one.
-
-Three turns; each turn the agent picks one of four actions ``0 1 2 3``. Action ``a`` at
-turn ``t`` scores ``SCORES[t][a]`` points; the episode's utility (its only reward, paid
-at the last turn) is 1 when the points reach ``THRESHOLD`` and 0 otherwise. After each
-action the env shows *evidence*: a red light for actions 0-1 and a green light for
-2-3, so two different actions often get the same observation (same-evidence twins).
-
-The toy policy is categorical with logits that depend on the turn and the previous
-action (as an LLM's next turn depends on its own earlier text). It samples exactly
-like the LLM sampler: ``argmax(logits + g)`` with keyed Gumbel noise ``g`` read at the
-env's reported key, through the same fork and twin machinery. Everything is small
-enough to enumerate, so ``V(s)`` and ``A(s, a)`` are exact.
+The toy policy of CreditToy-v0 (:mod:`twice_envs.envs.credittoy.env`) is categorical with
+logits that depend on the turn and the previous action (as an LLM's next turn depends on
+its own earlier text). Everything is small enough to enumerate, so ``V(s)`` and
+``A(s, a)`` are exact.
 """
 
 from __future__ import annotations
@@ -41,75 +32,18 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 import twice_envs
-from twice_envs import NoiseKey, NoiseSchedule, Protocol, TextEnv, derive_episode_seed
-from twice_envs.agents.credit.twice import same_evidence
+from twice_envs import NoiseKey, NoiseSchedule
+from twice_envs.agents.rollout.episodes import same_evidence
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
+from twice_envs.envs.credittoy.env import (
+    NUM_ACTIONS,
+    NUM_TURNS,
+    TOY_ID,
+    utility_of,
+)
+from twice_envs.keys import lab_episode_seed, lab_independent_seed
 from twice_envs.noise import KeyState, keyed_choice, state_rows
 from twice_envs.wrappers.twin import twin
-
-TOY_ID = "CreditToy-v0"
-NUM_ACTIONS = 4
-NUM_TURNS = 3
-SCORES = ((0, 2, 1, 0), (1, 0, 2, 0), (0, 1, 0, 2))
-THRESHOLD = 3
-EVIDENCE = ("red", "red", "green", "green")
-#: History entry for an invalid action (a wasted turn that scores nothing).
-INVALID = -1
-
-
-def utility_of(history: Sequence[int]) -> float:
-    """1.0 when the actions' points reach ``THRESHOLD``."""
-    points = sum(SCORES[t][a] for t, a in enumerate(history) if a != INVALID)
-    return 1.0 if points >= THRESHOLD else 0.0
-
-
-class CreditToyEnv(TextEnv):
-    """Three choices of one of four actions; utility 1 for enough points (see the module)."""
-
-    version = "1"
-    default_max_turns = NUM_TURNS
-
-    def __init__(self, *, max_turns: Optional[int] = None, render_mode: Optional[str] = None) -> None:
-        super().__init__(max_turns=max_turns, render_mode=render_mode)
-
-    def protocol(self) -> Protocol:
-        return Protocol(
-            instructions=f"Pick an action 0-{NUM_ACTIONS - 1} on each of {NUM_TURNS} turns; collect enough points.",
-            stop=("\n",),
-            action_format="0 | 1 | 2 | 3",
-        )
-
-    def _info(self) -> dict:
-        return {"admissible_actions": [str(a) for a in range(NUM_ACTIONS)], "history": list(self.history)}
-
-    def _reset(self, options: dict) -> tuple[str, dict]:
-        self.history: list[int] = []
-        return self.protocol().instructions, self._info()
-
-    def _step(self, action: str) -> tuple[str, float, bool, dict]:
-        text = action.strip()
-        invalid = text not in {str(a) for a in range(NUM_ACTIONS)}
-        a = INVALID if invalid else int(text)
-        self.history.append(a)
-        done = len(self.history) >= NUM_TURNS
-        reward = utility_of(self.history) if done else 0.0
-        info = self._info()
-        if invalid:
-            info["invalid"] = True
-            obs = f"Invalid action {text[:20]!r}: answer with one digit 0-{NUM_ACTIONS - 1}. Turn wasted."
-        else:
-            obs = f"A {EVIDENCE[a]} light."
-        return obs, reward, done, info
-
-    def _snapshot(self):
-        return tuple(self.history)
-
-    def _restore(self, state) -> None:
-        self.history = list(state)
-
-
-twice_envs.register(TOY_ID, "twice_envs.agents.toy:CreditToyEnv", description="credit test env (exact advantages)", override=True)
-
 
 # --------------------------------------------------------------------------- the toy policy
 
@@ -248,7 +182,7 @@ def toy_rollouts(
     for g in range(n_groups):
         for j in range(group_size):
             env = twice_envs.make(policy.env_id, **policy.env_kwargs)
-            seed = derive_episode_seed(noise_seed, g * 100003 + j)
+            seed = lab_episode_seed(noise_seed, g, j)
             env.reset(seed=0, options={"noise_seed": seed})
             envs.append(env)
             records.append(EpisodeRecord(policy.env_id, 0, {"noise_seed": seed}, group=g))
@@ -313,7 +247,7 @@ def lab_twins(
         if coupled and policy.action_text(alt) == factual.turns[t].text:
             rec.self_twin, rec.same_evidence, rec.utility = True, True, factual.utility
             continue
-        fresh = NoiseSchedule(derive_episode_seed(factual.options["noise_seed"], 1_000_003 * fresh_salt + t))
+        fresh = NoiseSchedule(lab_independent_seed(factual.options["noise_seed"], fresh_salt, t))
         tw = twin(fork, policy.action_text(alt), fork.noise_schedule if coupled else fresh, branch=branch)
         obs, r, term, trunc, info = tw.first_step
         rec.turns.append(_turn_record(policy, state, alt, key, obs, r, info["digest"]))

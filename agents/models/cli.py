@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from twice_envs.agents import recipes
-from twice_envs.agents.gguf import convert_smollm2, smollm2_gguf
-from twice_envs.agents.model_dirs import SMOLLM2_NAME, models_dir
-from twice_envs.agents.devices import device_arg
+from twice_envs.agents.models import build, quality, recipes
+from twice_envs.agents.models.dirs import SMOLLM2_NAME, models_dir
+from twice_envs.agents.models.gguf import convert_smollm2, smollm2_gguf
+from twice_envs.agents.sampling.devices import device_arg
 
 
 def _model_name(recipe: str) -> str:
@@ -27,14 +27,14 @@ def _check(args, cfg, parser) -> int:
     # the thread count does not change the result; every other setting does
     if replace(cfg, threads=recipes.RECIPES[args.recipe].threads) != recipes.RECIPES[args.recipe]:
         parser.error(f"--check rebuilds the shipped model: the {args.recipe} recipe without changes (only --threads)")
-    tol = recipes.QualityTolerance(loss=args.loss_tolerance)
+    tol = quality.QualityTolerance(loss=args.loss_tolerance)
     with tempfile.TemporaryDirectory() as tmp:
-        out = recipes.build_tiny(Path(args.out or tmp) / _model_name(args.recipe), cfg, recipe=args.recipe,
+        out = build.build_tiny(Path(args.out or tmp) / _model_name(args.recipe), cfg, recipe=args.recipe,
                                  device=args.device)
         em_questions = args.questions if "SearchQA-v0" in cfg.envs else 0
-        ref = recipes.model_quality(shipped, cfg, episodes=args.transcripts, em_questions=em_questions)
-        new = recipes.model_quality(out, cfg, episodes=args.transcripts, em_questions=em_questions)
-        ok, lines = recipes.compare_quality(ref, new, tol)
+        ref = quality.model_quality(shipped, cfg, episodes=args.transcripts, em_questions=em_questions)
+        new = quality.model_quality(out, cfg, episodes=args.transcripts, em_questions=em_questions)
+        ok, lines = quality.compare_quality(ref, new, tol)
         same = recipes.same_build(out, shipped)
     print(f"rebuilt {args.recipe} vs the shipped model {shipped}:")
     for line in lines:
@@ -66,7 +66,7 @@ def models_main(argv: Sequence[str]) -> int:
                         "(teacher-forced loss, dev EM) is within tolerance of the shipped model")
     b.add_argument("--transcripts", type=int, default=40, help="--check: fixed transcripts per env (default 40)")
     b.add_argument("--questions", type=int, default=100, help="--check: SearchQA dev questions for EM (0: skip)")
-    b.add_argument("--loss-tolerance", type=float, default=recipes.QualityTolerance().loss,
+    b.add_argument("--loss-tolerance", type=float, default=quality.QualityTolerance().loss,
                    help="--check: allowed loss increase in nats per turn token")
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
@@ -91,7 +91,7 @@ def models_main(argv: Sequence[str]) -> int:
         if recipes.tiny_is_current(out, args.recipe) and not args.force:
             print(f"{out}: already built (use --force to rebuild)")
             return 0
-        recipes.build_tiny(out, cfg, recipe=args.recipe, device=args.device)
+        build.build_tiny(out, cfg, recipe=args.recipe, device=args.device)
         print(out)
         return 0
     if args.cmd == "smollm2":

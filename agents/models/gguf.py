@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from twice_envs._deps import require
-from twice_envs.agents.model_dirs import SMOLLM2_NAME, models_dir, publish_dir
+from twice_envs.agents.models.dirs import SMOLLM2_NAME, models_dir, publish_dir
 
 
 def smollm2_gguf() -> Path:

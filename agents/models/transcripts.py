@@ -11,6 +11,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+import twice_envs
+from twice_envs.agents.rollout.context import _kept
+from twice_envs.agents.rollout.episodes import Task, rollout
+from twice_envs.agents.sampling.policy import SamplingConfig
+from twice_envs.envs.mistakes import Mistake, Played
+
 #: Scripted agents used for warm-start transcripts, ``env id -> "module:function"``;
 #: each is ``f(env, rng, skill) -> str`` (the next turn's text).
 SCRIPTED_AGENTS: dict[str, str] = {
@@ -56,8 +62,6 @@ def scripted_episodes(env_id: str, n: int, *, seed: int = 0, skill_range=(0.2, 0
     """``n`` scripted episodes on ``env_id`` (made with ``env_kwargs``): ``(first_obs, [(action, obs), ...])``
     each; ``agent_options`` are passed to the agent as keyword arguments, ``reset_options`` to every
     ``env.reset`` (``{"split": "train"}`` draws WebShop's training goals only)."""
-    import twice_envs
-
     agent = agent or scripted_agent(env_id) or _admissible_agent
     rng = np.random.default_rng([seed, 0x51F7])
     out = []
@@ -78,8 +82,6 @@ def scripted_episodes(env_id: str, n: int, *, seed: int = 0, skill_range=(0.2, 0
 
 def available_envs(env_ids: Sequence[str]) -> list[str]:
     """The ids among ``env_ids`` that can be made here (their data and extras are installed)."""
-    import twice_envs
-
     ok = []
     for env_id in env_ids:
         if env_id not in twice_envs.registry:
@@ -105,8 +107,6 @@ ENTITY_TOKENS: dict[str, str] = {
 def entity_ids(env_ids: Sequence[str]) -> list[str]:
     """Whole tokens of ``env_ids`` (:data:`ENTITY_TOKENS`: WebShop's product ids, ALFWorld's object
     and receptacle type names); envs without a provider add none."""
-    import twice_envs
-
     out: list[str] = []
     for env_id in env_ids:
         provider = scripted_agent(env_id, ENTITY_TOKENS)
@@ -120,8 +120,6 @@ def entity_ids(env_ids: Sequence[str]) -> list[str]:
 
 def corpus_texts(env_ids: Sequence[str]) -> list[str]:
     """Passages and training-split questions of the envs that expose a corpus (SearchQA)."""
-    import twice_envs
-
     out: list[str] = []
     for env_id in env_ids:
         env = twice_envs.make(env_id)
@@ -152,11 +150,6 @@ def relabelled_episodes(policy, env_id: str, n: int, *, seed: int = 0, max_turns
     A turn the agent plays as a :class:`~twice_envs.envs.mistakes.Mistake` (its expert gave up) is
     no label and is skipped; an episode whose replay leaves the recorded one is dropped from there on.
     """
-    import twice_envs
-    from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.rollout import Task, rollout
-    from twice_envs.agents.sequence import _kept
-    from twice_envs.envs.mistakes import Mistake, Played
 
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"the number of relabelled episodes must be an int >= 0, got {n!r}")

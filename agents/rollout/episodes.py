@@ -12,7 +12,7 @@ be drawn between them.
 Each episode's context is kept as token ids (never re-tokenised), so a record's
 ``prompt_ids`` and turns rebuild exactly what the model saw (:func:`pack_episode`). With a
 history ``window`` the model sees the first prompt and the last ``window`` turns only
-(:func:`~twice_envs.agents.sequence.turn_context`), and so do the episode's twins.
+(:func:`~twice_envs.agents.rollout.context.turn_context`), and so do the episode's twins.
 """
 
 from __future__ import annotations
@@ -25,14 +25,39 @@ import numpy as np
 import torch
 
 import twice_envs
-from twice_envs.agents.credit.twice import same_evidence
-from twice_envs.agents.policy import Generation, GenerationRequest, SamplingConfig
-from twice_envs.agents.sequence import check_window, initial_prompt_ids, observation_ids, turn_context, twin_prefix
+from twice_envs.agents.rollout.context import (
+    check_window,
+    initial_prompt_ids,
+    observation_ids,
+    turn_context,
+    twin_prefix,
+)
+from twice_envs.agents.sampling.policy import (
+    Generation,
+    GenerationRequest,
+    SamplingConfig,
+)
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
-from twice_envs.keys import UINT64_MAX, NoiseKey, NoiseSchedule, seed_sequence_uint64
+from twice_envs.keys import (
+    NoiseKey,
+    NoiseSchedule,
+    episode_noise_seed,
+)
+from twice_envs.noise import sampling_logprobs
+from twice_envs.wrappers.twin import twin
 
 #: Final-info entries never copied into ``EpisodeRecord.info`` (bulky or per-step).
 _INFO_SKIP = ("noise_key", "digest", "admissible_actions", "turn", "messages")
+
+
+def same_evidence(factual: EpisodeRecord, turn: int, obs: str, over: bool) -> bool:
+    """Whether an alternative turn got the factual turn's evidence.
+
+    True when the observations are equal and neither the alternative nor the factual
+    turn ended the episode: an observation after the last turn (often ``""``) is no
+    evidence, and a twin that ended has its outcome already, with nothing left to skip.
+    """
+    return (not over) and turn < len(factual.turns) - 1 and obs == factual.turns[turn].obs
 
 
 @dataclass
@@ -65,11 +90,6 @@ class BranchRequest:
     alternative: Optional[Generation] = None
     """Force this already sampled turn: its token ids are carried as they are (never
     re-encoded from its text)."""
-
-
-def episode_noise_seed(noise_seed: int, group: int, index: int) -> int:
-    """The 64-bit episode seed of episode ``index`` of group ``group`` (stable everywhere)."""
-    return seed_sequence_uint64([int(noise_seed) & UINT64_MAX, int(group), int(index), 0x52_4F_4C])
 
 
 @dataclass
@@ -216,8 +236,6 @@ def _factual_context(ep: EpisodeRecord, turn: int) -> tuple[list[int], int]:
 @torch.no_grad()
 def score_tokens(policy, context: Sequence[int], tokens: Sequence[int], sampling: SamplingConfig) -> tuple[list[float], float]:
     """Log-probs of ``tokens`` after ``context`` under the sampling distribution, and the mean entropy."""
-    from twice_envs.noise import sampling_logprobs
-
     ids = torch.tensor([list(context) + list(tokens)], dtype=torch.long, device=policy.device)
     logits = policy.model(input_ids=ids).logits[0, len(context) - 1: -1]
     logp = sampling_logprobs(logits.double(), sampling.temperature, sampling.top_p)
@@ -252,8 +270,6 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
     Returns one :class:`TwinStart` per request, in request order; :func:`finish_twins`
     continues the ones still live (all of them, or those an evidence coin keeps).
     """
-    from twice_envs.wrappers.twin import twin
-
     prepared = []
     alt_reqs: list[tuple[int, GenerationRequest]] = []
     for i, r in enumerate(requests):
@@ -362,7 +378,7 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
       factual episode; the record has ``self_twin=True``, the factual utility and only the
       alternative turn; nothing is continued;
     * otherwise step the alternative through :func:`twice_envs.wrappers.twin`
-      (``same_evidence`` as :func:`~twice_envs.agents.credit.twice.same_evidence` says) and continue
+      (``same_evidence`` as :func:`same_evidence` says) and continue
       with the keys the twin env reports: the factual keys when coupled, a fresh
       ``noise_seed`` when not. A twin never runs past the factual episode's turn cap.
 

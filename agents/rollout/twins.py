@@ -1,14 +1,14 @@
 """Running the auxiliary rollouts each estimator needs, and turning them into advantages.
 
 The estimators in :mod:`twice_envs.agents.credit` are pure functions; this module runs
-the policy for them: it asks :mod:`twice_envs.agents.rollout` for twins,
+the policy for them: it asks :mod:`twice_envs.agents.rollout.episodes` for twins,
 counterfactuals or value rollouts, counts the auxiliary tokens they cost, and hands
 the records to the estimators.
 
 Twice's evidence coin needs the alternative turn's observation *before* deciding
 whether to continue the twin, so twins are run in two phases
-(:func:`~twice_envs.agents.rollout.start_twins`, then
-:func:`~twice_envs.agents.rollout.finish_twins` for the twins the coins keep), and the
+(:func:`~twice_envs.agents.rollout.episodes.start_twins`, then
+:func:`~twice_envs.agents.rollout.episodes.finish_twins` for the twins the coins keep), and the
 sampled alternative turn is carried as its token ids throughout. A twin dropped by the
 evidence coin costs only its alternative turn.
 """
@@ -20,16 +20,17 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit import crr, grpo, predictor, twice, vineppo
+from twice_envs.agents.credit import predictor, twice, vineppo
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method
+from twice_envs.agents.rollout.episodes import (
+    BranchRequest,
+    branch_rollouts,
+    finish_twins,
+    start_twins,
+)
+from twice_envs.agents.sampling.policy import Generation
 from twice_envs.agents.types import EpisodeRecord
-from twice_envs.keys import UINT64_MAX, seed_sequence_uint64
-
-METHODS = ("grpo", "twice", "crr", "vineppo")
-
-
-def fresh_seed(noise_seed: int, episode: int, turn: int, branch: int) -> int:
-    """A fresh 64-bit episode seed for an independent continuation (stable everywhere)."""
-    return seed_sequence_uint64([int(noise_seed) & UINT64_MAX, episode, turn, branch, 0x435252])
+from twice_envs.keys import independent_seed
 
 
 @dataclass
@@ -52,8 +53,6 @@ class Twins:
 
 
 def _factual_turn(ep: EpisodeRecord, turn: int):
-    from twice_envs.agents.policy import Generation
-
     t = ep.turns[turn]
     return Generation(t.text, list(t.token_ids), list(t.logprobs), t.entropy, "factual")
 
@@ -81,14 +80,12 @@ def run_twins(
     samples its alternatives with keys ``(s_j, t, k)``, continuing both on ``s_j``; the
     replica is run only when one of its twins is continued.
     """
-    from twice_envs.agents.rollout import BranchRequest, finish_twins, start_twins
-
     if config.pairs < 1 or config.star < 1:
         raise ValueError(f"pairs (J) and star (K) must be >= 1, got {config.pairs} and {config.star}")
     requests, replicas = [], []
     for i, t in decisions:
         for j in range(config.pairs):
-            pair_seed = None if j == 0 else fresh_seed(noise_seed, i, t, 10_000 + j)
+            pair_seed = None if j == 0 else independent_seed(noise_seed, i, t, 10_000 + j)
             if j > 0 and config.coupled:
                 replicas.append((i, t, j, BranchRequest(i, t, branch=1, coupled=False, noise_seed=pair_seed,
                                                         alternative=_factual_turn(factual[i], t))))
@@ -96,7 +93,7 @@ def run_twins(
                 if config.coupled:
                     coupled, seed = j == 0, pair_seed
                 else:  # independent counterfactuals: every twin on its own fresh seed
-                    coupled, seed = False, fresh_seed(noise_seed, i, t, 100 * j + k)
+                    coupled, seed = False, independent_seed(noise_seed, i, t, 100 * j + k)
                 requests.append((j, BranchRequest(i, t, branch=k, coupled=coupled, noise_seed=seed)))
     if not requests:
         return Twins()
@@ -151,45 +148,10 @@ def run_twins(
 def run_value_rollouts(policy, factual: Sequence[EpisodeRecord], sampling, *, k: int = vineppo.K_ROLLOUTS,
                        noise_seed: int = 0) -> Twins:
     """VinePPO's ``k`` independent rollouts from every turn boundary of every episode."""
-    from twice_envs.agents.rollout import BranchRequest, branch_rollouts
-
-    requests = [BranchRequest(i, t, branch=j, coupled=False, noise_seed=fresh_seed(noise_seed, i, t, 1000 + j))
+    requests = [BranchRequest(i, t, branch=j, coupled=False, noise_seed=independent_seed(noise_seed, i, t, 1000 + j))
                 for i, t in vineppo.value_states(factual) for j in range(1, k + 1)]
     recs = branch_rollouts(policy, factual, requests, sampling=sampling) if requests else []
     return Twins(recs, [True] * len(recs), sum(r.num_generated_tokens for r in recs))
-
-
-@dataclass
-class CreditResult:
-    """What a credit step produced.
-
-    Attributes:
-        advantages: one array of per-turn advantages per factual episode.
-        aux_tokens: auxiliary tokens generated.
-        stats: diagnostics for the metrics file.
-        predictor_state: the updated discordance predictor (Twice).
-    """
-
-    advantages: list[np.ndarray]
-    aux_tokens: int = 0
-    stats: dict = field(default_factory=dict)
-    predictor_state: Optional[predictor.PredictorState] = None
-
-
-def _run_planned_twins(run_twins_, policy, factual, plan, config: twice.TwiceConfig, sampling, rng, noise_seed: int,
-                       state: predictor.PredictorState):
-    """Run the twins of a branch plan and score them (shared by Twice and CRR): ``(twins, credit,
-    scale, stats, state)`` with the cost calibration and the twin scale tracked in ``state``."""
-    tw = run_twins_(policy, factual, plan.branched_decisions, config, sampling, rng, noise_seed=noise_seed)
-    credit = twice.twin_credit(factual, tw.records, plan, tw.kept, config)
-    # the scale comes from earlier updates (running) or this batch's utilities, never its coins
-    scale = twice.twin_scale([ep.utility for ep in factual], config, state.twin_rms)
-    stats = twice.twin_stats(credit, plan, tw.records, omega=config.omega, scale=scale)
-    state = predictor.calibrate_cost(state, tw.aux_tokens,
-                                     float(np.dot(plan.q, plan.costs)) * twice.twins_per_decision(config))
-    state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
-    stats["cost_scale"] = state.cost_scale
-    return tw, credit, scale, stats, state
 
 
 def credit_step(
@@ -207,43 +169,12 @@ def credit_step(
     twins_fn=None,
     values_fn=None,
 ) -> CreditResult:
-    """Run what ``method`` needs and return the per-turn advantages of ``factual``.
+    """The per-turn advantages of ``factual`` under the registered credit method ``method``.
 
-    ``twins_fn`` / ``values_fn`` replace :func:`run_twins` / :func:`run_value_rollouts`
+    The method's auxiliary rollouts run through :func:`run_twins` and
+    :func:`run_value_rollouts` (an LLM policy); ``twins_fn`` / ``values_fn`` replace them
     (same signatures) for policies that are not LLMs (the credit lab's)."""
-    run_twins_ = twins_fn or run_twins
-    run_values_ = values_fn or run_value_rollouts
-    if method == "grpo":
-        return CreditResult(grpo.grpo_credit(factual))
-    if method == "vineppo":
-        vals = run_values_(policy, factual, sampling, k=vine_k, noise_seed=noise_seed)
-        return CreditResult(vineppo.vine_credit(factual, vals.records), vals.aux_tokens)
-    state = predictor_state or predictor.PredictorState()
-    if method == "crr":
-        cfg = crr.crr_config(config)
-        plan = crr.plan_branches(factual, rng, config, cost_scale=state.cost_scale)
-        tw, credit, scale, stats, state = _run_planned_twins(run_twins_, policy, factual, plan, cfg, sampling, rng,
-                                                             noise_seed, state)
-        return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)
-    if method != "twice":
-        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    X = predictor.decision_features(factual)
-    eta = predictor.predict(state, X)
-    mixed = config.branching == "mixed"
-    success = predictor.predict_success(state, predictor.success_features(factual)) if mixed else None
-    plan = twice.plan_branches(factual, config, eta, rng, update=update, cost_scale=state.cost_scale, success=success)
-    tw, credit, scale, stats, state = _run_planned_twins(run_twins_, policy, factual, plan, config, sampling, rng,
-                                                         noise_seed, state)
-    # fit the predictor on the realised twins, each weighted by 1 / (q q_same^e)
-    rows, labels, weights = [], [], []
-    for (r, u, v, e, kept) in credit.pairs:
-        if kept:
-            rows.append(r)
-            labels.append(float(u != v))
-            weights.append(1.0 / (plan.q[r] * config.q_same**e))
-    stats["predictor_auc"] = predictor.auc(eta[rows], labels) if rows else float("nan")
-    stats["discordance"] = float(np.mean(labels)) if labels else float("nan")
-    new_state = predictor.sgd_update(state, X[rows], np.array(labels), np.array(weights), rng) if rows else state
-    if mixed:
-        new_state = predictor.fit_success(new_state, factual, rng)
-    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, config, scale), tw.aux_tokens, stats, new_state)
+    ctx = CreditContext(policy=policy, sampling=sampling, rng=rng, update=update, noise_seed=noise_seed, twice=config,
+                        vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_fn or run_twins,
+                        run_values=values_fn or run_value_rollouts)
+    return get_method(method)(factual, ctx)

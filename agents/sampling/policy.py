@@ -1,7 +1,7 @@
 """Policies: generate one turn for a batch of contexts, keyed by noise keys.
 
 :class:`HFPolicy` is the transformers backend (CPU or GPU). Its decoding loop feeds
-every step's logits to :class:`~twice_envs.agents.sampling.KeyedLogitsProcessor`
+every step's logits to :class:`~twice_envs.agents.sampling.processor.KeyedLogitsProcessor`
 (the same object ``model.generate`` can use), so each row's token is the keyed
 sample of its own key whatever batch it sits in.
 
@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
 
 import torch
 
-from twice_envs.agents.devices import torch_device
-from twice_envs.agents.sampling import KEY_MODES, KeyedLogitsProcessor, newline_token_table
+from twice_envs.agents.sampling.devices import torch_device
+from twice_envs.agents.sampling.processor import (
+    KEY_MODES,
+    KeyedLogitsProcessor,
+    newline_token_table,
+)
 from twice_envs.keys import NoiseKey
 
 
@@ -57,7 +61,7 @@ class GenerationRequest:
     """One row of a batch."""
 
     prompt_ids: list[int]
-    """The full context so far, chat template applied (see :mod:`~twice_envs.agents.sequence`)."""
+    """The full context so far, chat template applied (see :mod:`~twice_envs.agents.rollout.context`)."""
     noise_key: NoiseKey
     """Key base of the turn (the env's ``info["noise_key"]``)."""
     stop: tuple[str, ...] = ()

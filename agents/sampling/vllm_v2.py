@@ -14,7 +14,7 @@ The V2 runner has no batch-update ledger. A processor gets
   ``ctx.pos``, and under speculative decoding a request owns several rows
   (``ctx.expanded_local_pos``).
 
-Per slot the processor keeps a :class:`~twice_envs.agents.vllm_processor.KeyedRequest`
+Per slot the processor keeps a :class:`~twice_envs.agents.sampling.vllm.KeyedRequest`
 (the same state the V1 processor keeps per request). At each ``apply`` a row's emitted
 output count is ``pos + 1 - prompt_len``; when it is one more than the tokens already
 folded in, the fed token is the newly emitted one (the common decode step); any other
@@ -32,7 +32,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 
-from twice_envs.agents.vllm_processor import KeyedRequest, force_keyed_rows, model_newline_table
+from twice_envs._deps import require
+from twice_envs.agents.sampling.vllm import (
+    KeyedRequest,
+    force_keyed_rows,
+    model_newline_table,
+)
 
 
 def host_tensor(buffer: Any) -> torch.Tensor:
@@ -179,8 +184,6 @@ if _V2Base is not None:
 
 def make_v2_processor_class() -> type:
     """vLLM's Model Runner V2 ``LogitsProcessor`` subclass around :class:`KeyedSlotState` (needs vLLM >= 0.32)."""
-    from twice_envs._deps import require
-
     vllm = require("vllm", "vllm", "the vLLM backend")
     if _V2Base is None:
         raise ImportError(f"vLLM {vllm.__version__} has no Model Runner V2 logits processor interface "

@@ -23,10 +23,9 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from twice_envs.noise import sampling_logprobs
-
-from twice_envs.agents.sequence import pack_segments
+from twice_envs.agents.rollout.context import pack_segments
 from twice_envs.agents.types import EpisodeRecord
+from twice_envs.noise import sampling_logprobs
 
 
 @dataclass
@@ -68,7 +67,7 @@ class PackedBatch:
 
 def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pad_id: int = 0) -> PackedBatch:
     """Pack factual episodes and their per-turn advantages for the loss: a row per sequence of
-    :func:`~twice_envs.agents.sequence.pack_segments` (one per episode unless it is windowed)."""
+    :func:`~twice_envs.agents.rollout.context.pack_segments` (one per episode unless it is windowed)."""
     rows = []
     for ep, adv in zip(episodes, advantages):
         if len(adv) != len(ep.turns):

@@ -7,7 +7,8 @@ import tempfile
 from pathlib import Path
 
 import tests.toy_envs  # noqa: F401  (registers CoinChain-v0)
-from twice_envs.agents.models import TinyModelConfig, build_tiny
+from twice_envs.agents.models.load import build_tiny
+from twice_envs.agents.models.recipes import TinyModelConfig
 
 #: Small enough to build in a few seconds on 2 cores; trained on CoinChain transcripts.
 TEST_CONFIG = TinyModelConfig(
@@ -24,6 +25,6 @@ def tiny_dir() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def tiny_policy():
-    from twice_envs.agents.policy import HFPolicy
+    from twice_envs.agents.sampling.policy import HFPolicy
 
     return HFPolicy.from_pretrained(tiny_dir())

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from twice_envs.agents import audit
+from twice_envs.agents.lab import audit
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
@@ -30,8 +30,6 @@ def test_summary_statistics_on_known_values():
 
 
 def test_audit_end_to_end_on_the_toy(tmp_path):
-    from twice_envs.agents import toy  # noqa: F401  (registers CreditToy-v0)
-
     cfg = audit.AuditConfig(env="CreditToy-v0", questions=4, group_size=3, oracle_rollouts=3, max_new_tokens=3,
                             max_turns=3, indexed_tasks=False, pairs=(1, 2), vine_k=(1, 2), n_boot=50)
     res = audit.run_audit(small_policy(0), cfg)
@@ -111,8 +109,6 @@ def test_mixed_groups_keeps_the_groups_whose_outcomes_differ():
 
 
 def test_audit_of_mixed_groups_only_on_the_toy(tmp_path):
-    from twice_envs.agents import toy  # noqa: F401  (registers CreditToy-v0)
-
     cfg = audit.AuditConfig(env="CreditToy-v0", questions=4, group_size=3, oracle_rollouts=2, max_new_tokens=3,
                             max_turns=3, indexed_tasks=False, mixed_only=True)
     policy = small_policy(0)

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from twice_envs.agents import credit_stats as cs
+from twice_envs.agents import stats as cs
 
 ORACLE = np.array([0.5, -0.2, 0.04, -0.5, 0.1])
 CREDIT = np.array([1.0, 0.0, -1.0, 1.0, 0.3])

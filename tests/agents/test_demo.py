@@ -4,14 +4,12 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from twice_envs.agents.demo import DemoConfig, em_lines, run_demo
+from twice_envs.agents.bench.demo import DemoConfig, em_lines, run_demo
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
 
 def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
-    from twice_envs.agents import toy  # noqa: F401
-
     demo_dir = tmp_path / "demo"
     cfg = DemoConfig(updates=2, questions_per_update=2, eval_questions=3, audit_questions=2, oracle_rollouts=2,
                      out=str(demo_dir), lab_groups=12, lab_pairs=(1,), learn_seeds=2, learn_updates=2)
@@ -51,7 +49,7 @@ def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
 
 
 def test_demo_cli_passes_the_model_and_turn_length(monkeypatch):
-    from twice_envs.agents import demo
+    from twice_envs.agents.bench import demo
 
     seen = {}
     monkeypatch.setattr(demo, "run_demo", lambda cfg, **kw: seen.update(kw, cfg=cfg))
@@ -64,7 +62,7 @@ def test_demo_cli_passes_the_model_and_turn_length(monkeypatch):
 
 
 def test_the_demo_trains_on_single_hop_searchqa_unless_told_otherwise():
-    from twice_envs.agents import demo
+    from twice_envs.agents.bench import demo
 
     cfg = DemoConfig()
     assert demo.trainer_overrides(cfg, "SearchQA-v0") == {"env_kwargs": {"generator": {"mix": [1.0, 0.0, 0.0, 0.0]}}}

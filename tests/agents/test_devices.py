@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from tests.agents._tiny import TEST_CONFIG
-from twice_envs.agents import models, recipes
-from twice_envs.agents.devices import torch_device
-from twice_envs.agents.games_bench import main as games_main
-from twice_envs.agents.sft import teacher_forced_loss
+from twice_envs.agents.bench.games import main as games_main
+from twice_envs.agents.models import build, dirs, load
+from twice_envs.agents.models import cli as models_cli
+from twice_envs.agents.models.sft import teacher_forced_loss
+from twice_envs.agents.sampling.devices import torch_device
 
 #: a CUDA device this machine does not have, whatever it has
 ABSENT = f"cuda:{torch.cuda.device_count() if torch.cuda.is_available() else 0}"
@@ -25,16 +26,16 @@ def test_known_devices_pass_and_others_are_named():
 
 
 def test_a_missing_device_is_refused_before_any_work(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(recipes, "scripted_episodes", lambda *a, **k: pytest.fail("work started"))
+    monkeypatch.setattr(build, "scripted_episodes", lambda *a, **k: pytest.fail("work started"))
     with pytest.raises(ValueError, match=f"device '{ABSENT}' is not available"):
-        recipes.build_tiny(tmp_path / "m", TEST_CONFIG, progress=False, recipe="test", device=ABSENT)
+        build.build_tiny(tmp_path / "m", TEST_CONFIG, progress=False, recipe="test", device=ABSENT)
     assert not (tmp_path / "m").exists()
     # the model folder is fine: the error names the device, not the folder
     with pytest.raises(ValueError, match=f"device '{ABSENT}'") as err:
-        models.load_policy(str(recipes.SHIPPED_TINY), device=ABSENT)
-    assert not isinstance(err.value, models.ModelFolderError)
+        load.load_policy(str(dirs.SHIPPED_TINY), device=ABSENT)
+    assert not isinstance(err.value, dirs.ModelFolderError)
     with pytest.raises(SystemExit) as exit_:
-        models.models_main(["build-tiny", "--recipe", "format", "--out", str(tmp_path / "m"), "--device", ABSENT])
+        models_cli.models_main(["build-tiny", "--recipe", "format", "--out", str(tmp_path / "m"), "--device", ABSENT])
     assert exit_.value.code == 2
     with pytest.raises(SystemExit):
         games_main(["--eval-only", "--envs", "WebShop-v0", "--device", ABSENT])
@@ -42,18 +43,18 @@ def test_a_missing_device_is_refused_before_any_work(tmp_path, capsys, monkeypat
 
 
 def test_a_cpu_build_records_its_device(tmp_path):
-    out = recipes.build_tiny(tmp_path / "m", TEST_CONFIG, progress=False, recipe="test")
+    out = build.build_tiny(tmp_path / "m", TEST_CONFIG, progress=False, recipe="test")
     assert json.loads((out / "twice_model.json").read_text())["device"] == "cpu"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_build_on_the_gpu_trains_there_and_saves_from_the_cpu(tmp_path):
-    from twice_envs.agents.policy import HFPolicy
-    from twice_envs.agents.sft import sft_sequences
-    from twice_envs.agents.transcripts import scripted_episodes
+    from twice_envs.agents.models.sft import sft_sequences
+    from twice_envs.agents.models.transcripts import scripted_episodes
+    from twice_envs.agents.sampling.policy import HFPolicy
 
-    gpu = recipes.build_tiny(tmp_path / "gpu", TEST_CONFIG, progress=False, recipe="test", device="cuda")
-    cpu = recipes.build_tiny(tmp_path / "cpu", TEST_CONFIG, progress=False, recipe="test")
+    gpu = build.build_tiny(tmp_path / "gpu", TEST_CONFIG, progress=False, recipe="test", device="cuda")
+    cpu = build.build_tiny(tmp_path / "cpu", TEST_CONFIG, progress=False, recipe="test")
     assert json.loads((gpu / "twice_model.json").read_text())["device"] == "cuda"
     a, b = HFPolicy.from_pretrained(gpu), HFPolicy.from_pretrained(cpu)
     assert next(a.model.parameters()).device.type == "cpu"

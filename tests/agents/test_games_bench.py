@@ -10,19 +10,21 @@ from types import SimpleNamespace
 import pytest
 
 from tests.agents._tiny import tiny_dir
-from twice_envs.agents import games_bench as gb
+from twice_envs.agents import stats
+from twice_envs.agents.bench import games as gb
+from twice_envs.agents.bench import heldout
 
 
 def test_wilson_interval_matches_the_formula():
-    lo, hi = gb.wilson(5, 10)
+    lo, hi = stats.wilson(5, 10)
     assert lo == pytest.approx(0.2366, abs=1e-4) and hi == pytest.approx(0.7634, abs=1e-4)
-    assert gb.wilson(0, 20)[0] == 0.0 and 0.15 < gb.wilson(0, 20)[1] < 0.17
+    assert stats.wilson(0, 20)[0] == 0.0 and 0.15 < stats.wilson(0, 20)[1] < 0.17
 
 
 def test_episodes_needed_to_separate_five_points():
     # 2 p (1 - p) (1.96 / 0.05)^2 at p = 0.5
-    assert gb.episodes_for_difference(0.5) == 769
-    assert gb.episodes_for_difference(0.2) == 492
+    assert stats.episodes_for_difference(0.5) == 769
+    assert stats.episodes_for_difference(0.2) == 492
 
 
 def _ep(utility, invalid):
@@ -32,7 +34,7 @@ def _ep(utility, invalid):
 def test_summarize_counts_success_and_valid_turns_per_task_type():
     eps = [_ep(1.0, [False, False]), _ep(0.0, [True, False, False]),  # task 0 (type a), 2 samples
            _ep(0.5, [True]), _ep(1.0, [False])]  # task 1 (type b)
-    s = gb.summarize("WebShop-v0", eps, ["a", "b"], samples=2)
+    s = heldout.summarize("WebShop-v0", eps, ["a", "b"], samples=2)
     assert s["all"]["episodes"] == 4 and s["all"]["success"] == 0.5  # a reward of 0.5 is no success
     assert s["all"]["valid_share"] == pytest.approx(5 / 7)
     assert s["a"]["success"] == 0.5 and s["a"]["valid_share"] == pytest.approx(4 / 5)
@@ -42,7 +44,7 @@ def test_summarize_counts_success_and_valid_turns_per_task_type():
 def test_heldout_tasks_are_the_unseen_games_and_the_test_goals():
     import twice_envs
 
-    tasks, types, kwargs = gb.heldout_tasks("ALFWorld-v0")
+    tasks, types, kwargs = heldout.heldout_tasks("ALFWorld-v0")
     env = twice_envs.make("ALFWorld-v0", **kwargs).unwrapped
     assert kwargs["split"] == "valid_unseen" and len(tasks) == len(env.games)
     train = set(twice_envs.make("ALFWorld-v0").unwrapped.games)
@@ -50,20 +52,20 @@ def test_heldout_tasks_are_the_unseen_games_and_the_test_goals():
     # generated games in the rooms the train split never uses (the bundled 8 among them)
     from twice_envs.envs.alfworld.generator import TASK_LAYOUTS
 
-    assert len(env.games) == 8 * gb.GAMES["ALFWorld-v0"].heldout_games
+    assert len(env.games) == 8 * heldout.GAMES["ALFWorld-v0"].heldout_games
     seen = {layout for s, _ in TASK_LAYOUTS.values() for layout in s}
     assert not {g.split("-")[1] for g in env.games} & seen
     assert set(twice_envs.make("ALFWorld-v0", split="valid_unseen").unwrapped.games) <= set(env.games)
     # a subset keeps every task type
-    _, few, _ = gb.heldout_tasks("ALFWorld-v0", 6)
+    _, few, _ = heldout.heldout_tasks("ALFWorld-v0", 6)
     assert len(set(few)) == 5 and len(few) == 6
     assert set(types) <= {"pick_and_place_simple", "look_at_obj_in_light", "pick_clean_then_place_in_recep",
                           "pick_heat_then_place_in_recep", "pick_cool_then_place_in_recep", "pick_two_obj_and_place"}
-    tasks, types, _ = gb.heldout_tasks("WebShop-v0", 5)
+    tasks, types, _ = heldout.heldout_tasks("WebShop-v0", 5)
     assert [t.options for t in tasks] == [{"split": "test", "index": i} for i in range(5)] and len(types) == 5
     # a setting of its own plays the same tasks with its own env kwargs
-    plain = replace(gb.GAMES["WebShop-v0"], env_kwargs={})
-    again, _, kwargs = gb.heldout_tasks("WebShop-v0", 5, plain)
+    plain = replace(heldout.GAMES["WebShop-v0"], env_kwargs={})
+    again, _, kwargs = heldout.heldout_tasks("WebShop-v0", 5, plain)
     assert again == tasks and kwargs == {}
 
 
@@ -72,7 +74,7 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
                               eval_tasks=2, eval_samples=1, out=str(tmp_path), model={"WebShop-v0": str(tiny_dir())},
                               max_turns=2, max_new_tokens=8)
     seeds = []
-    evaluate = gb.evaluate_game
+    evaluate = heldout.evaluate_game
 
     def recording(*args, **kwargs):
         seeds.append(kwargs["noise_seed"])
@@ -119,15 +121,15 @@ def test_ordering_shows_ties_and_the_report_never_claims_power_it_lacks():
 
 @pytest.mark.parametrize("env_id,recipe", [("ALFWorld-v0", "alfworld"), ("WebShop-v0", "webshop")])
 def test_games_play_each_model_as_its_recipe_trained_it(env_id, recipe):
-    from twice_envs.agents.recipes import RECIPES
+    from twice_envs.agents.models.recipes import RECIPES
 
-    setting, cfg = gb.GAMES[env_id], RECIPES[recipe]
+    setting, cfg = heldout.GAMES[env_id], RECIPES[recipe]
     assert setting.window == cfg.window and setting.max_turns == cfg.max_turns
     assert setting.env_kwargs == cfg.env_kwargs.get(env_id, {})
 
 
 def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
-    from twice_envs.agents.recipes import trained_env_kwargs
+    from twice_envs.agents.models.recipes import trained_env_kwargs
 
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "twice_model.json").write_text(json.dumps(
@@ -143,7 +145,7 @@ def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
         cfg.setting("ALFWorld-v0")
     # the turn cap of its transcripts, unless the run sets one; the env's setting for other models
     (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": 3}}))
-    assert cfg.setting("ALFWorld-v0").max_turns == gb.GAMES["ALFWorld-v0"].max_turns
+    assert cfg.setting("ALFWorld-v0").max_turns == heldout.GAMES["ALFWorld-v0"].max_turns
     (tmp_path / "twice_model.json").write_text(json.dumps({"config": {"window": 3, "max_turns": 30}}))
     assert cfg.setting("ALFWorld-v0").max_turns == 30
     assert replace(cfg, max_turns=8).setting("ALFWorld-v0").max_turns == 8
@@ -162,7 +164,7 @@ def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
     assert gb.main(["--envs", "WebShop-v0", "--lr", "5e-5", "--seeds", "2", "--updates", "3", "--eval-tasks", "7"]) == 0
     cfg = seen[0]
     assert (cfg.envs, cfg.lr, cfg.seeds, cfg.updates, cfg.eval_tasks) == (("WebShop-v0",), 5e-5, (0, 1), 3, 7)
-    assert cfg.eval_size("WebShop-v0") == (7, gb.GAMES["WebShop-v0"].bench_eval[1])
+    assert cfg.eval_size("WebShop-v0") == (7, heldout.GAMES["WebShop-v0"].bench_eval[1])
     # with neither given, each env's evaluations take the size set for two cores
     assert gb.main(["--envs", "WebShop-v0"]) == 0
     assert seen[-1].eval_size("WebShop-v0") == (80, 1) and seen[-1].eval_size("ALFWorld-v0") == (16, 1)
@@ -175,31 +177,31 @@ def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
 
 def test_paired_change_is_the_mean_difference_with_its_interval():
     after, before = [1, 1, 0, 1, 0, 1], [0, 1, 0, 0, 0, 1]
-    res = gb.paired_change(after, before)
+    res = stats.paired_change(after, before)
     # differences 1, 0, 0, 1, 0, 0: mean 1/3, sample std sqrt(4/15)
     half = 1.96 * (4 / 15) ** 0.5 / 6 ** 0.5
     assert res["change"] == pytest.approx(1 / 3)
     assert res["change_ci"] == pytest.approx([1 / 3 - half, 1 / 3 + half])
     assert res["improves"] is False  # 1/3 - 0.413 < 0
-    assert gb.paired_change([1] * 30 + [0] * 10, [0] * 30 + [0] * 10)["improves"] is True
-    assert gb.paired_change([0] * 10, [0] * 10) == {"change": 0.0, "change_ci": [0.0, 0.0], "improves": False, "n": 10}
+    assert stats.paired_change([1] * 30 + [0] * 10, [0] * 30 + [0] * 10)["improves"] is True
+    assert stats.paired_change([0] * 10, [0] * 10) == {"change": 0.0, "change_ci": [0.0, 0.0], "improves": False, "n": 10}
     with pytest.raises(ValueError, match="same nonzero length"):
-        gb.paired_change([1, 0], [1])
+        stats.paired_change([1, 0], [1])
 
 
 def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
     a, b, c = [1, 1, 0, 1, 0, 1] * 20, [0, 1, 0, 0, 0, 1] * 20, [1, 1, 0, 1, 0, 1] * 20
     pairs = gb.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}, "crr": {"outcomes": c}})
     assert list(pairs) == ["twice-grpo", "twice-crr", "grpo-crr"]
-    assert pairs["twice-grpo"] == gb.paired_change(a, b)
+    assert pairs["twice-grpo"] == stats.paired_change(a, b)
     assert pairs["twice-crr"]["change_ci"] == [0.0, 0.0]
-    half, n, need = gb.pairs_resolution(pairs)
+    half, n, need = stats.pairs_resolution(pairs)
     # the widest pair: differences 1, 0, 0, 1, 0, 0 repeated (mean 1/3, sample variance 2/9 * 120/119)
     sd = (2 / 9 * 120 / 119) ** 0.5
     assert n == 120 and half == pytest.approx(1.96 * sd / 120 ** 0.5)
     assert need == math.ceil(120 * (half / 0.05) ** 2)
     # identical outcomes say nothing about power: the half-width is floored at 5% discordant pairs
-    half0, _, need0 = gb.pairs_resolution({"x-y": gb.paired_change([0] * 40, [0] * 40)})
+    half0, _, need0 = stats.pairs_resolution({"x-y": stats.paired_change([0] * 40, [0] * 40)})
     assert half0 == pytest.approx(1.96 * (0.05 / 40) ** 0.5) and need0 == 77
     method = {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "aux_tokens_per_update": 0,
               "seconds_per_update": 1.0, "train_invalid_share": 0.1}

@@ -11,8 +11,13 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from tests.agents._tiny import TEST_CONFIG, tiny_dir  # noqa: E402
-from twice_envs.agents import lora, recipes  # noqa: E402
-from twice_envs.agents.sft import train_sft  # noqa: E402
+from twice_envs.agents.models import (
+    build,
+    load,
+    lora,  # noqa: E402
+    recipes,
+)
+from twice_envs.agents.models.sft import train_sft  # noqa: E402
 
 
 def _base():
@@ -85,7 +90,7 @@ def test_a_state_that_does_not_fit_is_refused_by_name():
 
 def test_a_recipe_with_a_base_model_trains_adapters_and_ships_them_alone(tmp_path):
     cfg = replace(TEST_CONFIG, base_model=str(tiny_dir()), adapter_layers=1, adapter_rank=4, steps=4, lr=1e-2)
-    out = recipes.build_tiny(tmp_path / "adapted", cfg, progress=False, recipe="test")
+    out = build.build_tiny(tmp_path / "adapted", cfg, progress=False, recipe="test")
     assert (out / recipes.ADAPTER_FILE).is_file()
     meta = (out / "twice_model.json").read_text()
     assert '"base_model"' in meta and '"alpha": 8.0' in meta
@@ -94,29 +99,28 @@ def test_a_recipe_with_a_base_model_trains_adapters_and_ships_them_alone(tmp_pat
     ship.mkdir()
     for f in (recipes.ADAPTER_FILE, "twice_model.json"):
         (ship / f).write_bytes((out / f).read_bytes())
-    rebuilt = recipes.build_from_adapter(ship, tmp_path / "rebuilt")
+    rebuilt = build.build_from_adapter(ship, tmp_path / "rebuilt")
     assert (rebuilt / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
     assert (rebuilt / "tokenizer.json").read_bytes() == (tiny_dir() / "tokenizer.json").read_bytes()
     base = _base()
     merged = transformers.LlamaForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     assert not torch.allclose(_logits(base, IDS), _logits(merged, IDS))
-    assert recipes.ready_build("test", tmp_path / "nothing") is None
+    assert build.ready_build("test", tmp_path / "nothing") is None
 
 
 def test_a_named_model_shipped_as_adapters_is_rebuilt_on_first_use(tmp_path, monkeypatch):
-    from twice_envs.agents import models
-
+    
     cfg = replace(TEST_CONFIG, base_model=str(tiny_dir()), adapter_layers=1, adapter_rank=4, steps=4, lr=1e-2)
-    out = recipes.build_tiny(tmp_path / "adapted", cfg, progress=False, recipe="test")
+    out = build.build_tiny(tmp_path / "adapted", cfg, progress=False, recipe="test")
     ship = tmp_path / "ship"
     ship.mkdir()
     for f in (recipes.ADAPTER_FILE, "twice_model.json"):
         (ship / f).write_bytes((out / f).read_bytes())
     monkeypatch.setitem(recipes.NAMED_MODELS, "adapted-test", "test")
     monkeypatch.setitem(recipes.SHIPPED, "test", ship)
-    monkeypatch.setattr("twice_envs.agents.models.models_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr("twice_envs.agents.models.load.models_dir", lambda: tmp_path / "cache")
     assert recipes.shipped_dir("test") is None and recipes.shipped_adapter("test") == ship
-    path = models.resolve_model_dir("adapted-test", build=False)
+    path = load.resolve_model_dir("adapted-test", build=False)
     assert path == tmp_path / "cache" / "adapted-test"
     assert (path / "model.safetensors").read_bytes() == (out / "model.safetensors").read_bytes()
     # a shipped description of another recipe version is not used
@@ -125,6 +129,6 @@ def test_a_named_model_shipped_as_adapters_is_rebuilt_on_first_use(tmp_path, mon
     assert recipes.shipped_adapter("test") is None
     (ship / "twice_model.json").write_text("{}")
     with pytest.raises(ValueError, match="not the description of an adapted build"):
-        recipes.build_from_adapter(ship, tmp_path / "bad")
+        build.build_from_adapter(ship, tmp_path / "bad")
     with pytest.raises(ValueError, match="start_from and base_model"):
-        recipes.build_tiny(tmp_path / "x", replace(cfg, start_from="alfworld"), progress=False, recipe="test")
+        build.build_tiny(tmp_path / "x", replace(cfg, start_from="alfworld"), progress=False, recipe="test")

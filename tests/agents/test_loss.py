@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from twice_envs.agents.loss import LossConfig, pack, ppo_loss
+from twice_envs.agents.training.loss import LossConfig, pack, ppo_loss
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.keys import NoiseKey
 
@@ -45,9 +45,9 @@ def test_ppo_clip_and_kl():
 def test_ratio_is_one_on_the_first_minibatch(top_p):
     """The loss takes log-probs under the rollout's own distribution (temperature and nucleus)."""
     from tests.agents._tiny import tiny_policy
-    from twice_envs.agents.loss import token_logprobs
-    from twice_envs.agents.policy import SamplingConfig
-    from twice_envs.agents.rollout import Task, rollout
+    from twice_envs.agents.rollout.episodes import Task, rollout
+    from twice_envs.agents.sampling.policy import SamplingConfig
+    from twice_envs.agents.training.loss import token_logprobs
 
     policy = tiny_policy()
     tau = 1.3  # not 1: a loss that forgot the temperature would fail too

@@ -11,60 +11,61 @@ import pytest
 
 import twice_envs
 from tests.agents._tiny import TEST_CONFIG, tiny_dir, tiny_policy
-from twice_envs.agents import models, recipes
-from twice_envs.agents.bench import rollout_main as bench_rollout_main
-from twice_envs.agents.sft import match_sequences
-from twice_envs.agents.bench import sampler_main
-from twice_envs.agents.rollout_cli import load_episodes, rollout_main
-from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
+from twice_envs.agents.bench.sampler import rollout_main as bench_rollout_main
+from twice_envs.agents.bench.sampler import sampler_main
+from twice_envs.agents.cli.rollout import load_episodes, rollout_main
+from twice_envs.agents.models import build, dirs, load, quality, recipes
+from twice_envs.agents.models import cli as models_cli
+from twice_envs.agents.models.sft import match_sequences
+from twice_envs.agents.rollout.context import initial_prompt_ids, observation_ids
 from twice_envs.play import replay_main
 
 
 def test_build_tiny_cli_writes_a_loadable_model(tmp_path, capsys):
     out = tmp_path / "tiny"
-    rc = models.models_main(["build-tiny", "--recipe", "format", "--out", str(out), "--steps", "2", "--episodes", "4",
+    rc = models_cli.models_main(["build-tiny", "--recipe", "format", "--out", str(out), "--steps", "2", "--episodes", "4",
                              "--threads", "1", "--envs", "CoinChain-v0,NoSuchEnv-v0"])
     assert rc == 0 and (out / "model.safetensors").exists() and (out / "tokenizer.json").exists()
     meta = (out / "twice_model.json").read_text()
     assert "CoinChain-v0" in meta and "NoSuchEnv-v0\": " not in meta
-    from twice_envs.agents.policy import HFPolicy
+    from twice_envs.agents.sampling.policy import HFPolicy
 
     p = HFPolicy.from_pretrained(out)
     n = sum(x.numel() for x in p.model.parameters())
     assert 0.5e6 < n < 3e6  # the default architecture: ~1M parameters
-    assert models.models_main(["build-tiny", "--recipe", "format", "--out", str(out)]) == 0
+    assert models_cli.models_main(["build-tiny", "--recipe", "format", "--out", str(out)]) == 0
     assert "already built" in capsys.readouterr().out
     # a build by another recipe, or an older version of it, is not reused
-    assert models.tiny_is_current(out, "format") and not models.tiny_is_current(out)
+    assert recipes.tiny_is_current(out, "format") and not recipes.tiny_is_current(out)
     meta_file = out / "twice_model.json"
-    meta_file.write_text(meta_file.read_text().replace(f'"recipe": {models.TINY_RECIPE}', '"recipe": 0'))
-    assert not models.tiny_is_current(out, "format")
+    meta_file.write_text(meta_file.read_text().replace(f'"recipe": {recipes.TINY_RECIPE}', '"recipe": 0'))
+    assert not recipes.tiny_is_current(out, "format")
 
 
 def test_other_recipes_need_their_own_folder(capsys):
     with pytest.raises(SystemExit):
-        models.models_main(["build-tiny", "--recipe", "format"])
+        models_cli.models_main(["build-tiny", "--recipe", "format"])
     assert "needs --out" in capsys.readouterr().err
 
 
 def test_check_only_rebuilds_the_shipped_recipe(capsys, monkeypatch):
     with pytest.raises(SystemExit):
-        models.models_main(["build-tiny", "--check", "--steps", "10"])
+        models_cli.models_main(["build-tiny", "--check", "--steps", "10"])
     assert "without changes" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        models.models_main(["build-tiny", "--check", "--recipe", "format"])
+        models_cli.models_main(["build-tiny", "--check", "--recipe", "format"])
     assert "not shipped" in capsys.readouterr().err
     # another thread count is the same recipe: the check builds it and compares its quality
     seen = {}
 
     def fake_build(out, cfg, recipe, device):
         seen.update(threads=cfg.threads, recipe=recipe, device=device)
-        shutil.copytree(models.SHIPPED_TINY, out)
+        shutil.copytree(dirs.SHIPPED_TINY, out)
         return out
 
-    monkeypatch.setattr(recipes, "build_tiny", fake_build)
-    assert models.models_main(["build-tiny", "--check", "--threads", "1", "--transcripts", "6", "--questions", "0"]) == 0
-    assert seen == {"threads": 1, "recipe": models.DEFAULT_RECIPE, "device": "cpu"}
+    monkeypatch.setattr(build, "build_tiny", fake_build)
+    assert models_cli.models_main(["build-tiny", "--check", "--threads", "1", "--transcripts", "6", "--questions", "0"]) == 0
+    assert seen == {"threads": 1, "recipe": recipes.DEFAULT_RECIPE, "device": "cpu"}
     out = capsys.readouterr().out
     assert "same quality as the shipped model" in out and "bytes: identical" in out
 
@@ -75,33 +76,33 @@ def test_check_fails_on_a_rebuild_of_lower_quality(capsys, monkeypatch):
 
     def worse_build(out, cfg, recipe, device):
         # what a broken rebuild looks like: the shipped weights with noise added
-        shutil.copytree(models.SHIPPED_TINY, out)
+        shutil.copytree(dirs.SHIPPED_TINY, out)
         weights = load_file(str(out / "model.safetensors"))
         g = torch.Generator().manual_seed(0)
         save_file({k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()},
                   str(out / "model.safetensors"), metadata={"format": "pt"})
         return out
 
-    monkeypatch.setattr(recipes, "build_tiny", worse_build)
-    assert models.models_main(["build-tiny", "--check", "--transcripts", "6", "--questions", "0"]) == 1
+    monkeypatch.setattr(build, "build_tiny", worse_build)
+    assert models_cli.models_main(["build-tiny", "--check", "--transcripts", "6", "--questions", "0"]) == 1
     out = capsys.readouterr().out
     assert "QUALITY DIFFERS" in out and "TOO HIGH" in out and "bytes: differ" in out
 
 
 def test_compare_quality_allows_the_stated_tolerance_and_no_more():
-    Q, tol = recipes.Quality, recipes.QualityTolerance(loss=0.05, em_sigmas=3.0)
+    Q, tol = quality.Quality, quality.QualityTolerance(loss=0.05, em_sigmas=3.0)
     ref = Q(loss=1.00, em=0.06, questions=100)
-    assert recipes.compare_quality(ref, Q(loss=1.04, em=0.06, questions=100), tol)[0]
-    assert recipes.compare_quality(ref, Q(loss=0.70, em=0.20, questions=100), tol)[0]  # better is fine
-    ok, lines = recipes.compare_quality(ref, Q(loss=1.06, em=0.06, questions=100), tol)
+    assert quality.compare_quality(ref, Q(loss=1.04, em=0.06, questions=100), tol)[0]
+    assert quality.compare_quality(ref, Q(loss=0.70, em=0.20, questions=100), tol)[0]  # better is fine
+    ok, lines = quality.compare_quality(ref, Q(loss=1.06, em=0.06, questions=100), tol)
     assert not ok and "TOO HIGH" in lines[0]
     # EM: 3 standard errors of the difference of two binomial means, sqrt(2 * .06 * .94 / 100) = 0.0336
-    assert recipes.compare_quality(ref, Q(loss=1.0, em=0.06 - 0.10, questions=100), tol)[0] is False
-    assert recipes.compare_quality(ref, Q(loss=1.0, em=0.0, questions=100), tol)[0]  # 0.06 < 3 s.e.
-    ok, lines = recipes.compare_quality(Q(loss=1.0, em=0.30, questions=400), Q(loss=1.0, em=0.20, questions=400), tol)
+    assert quality.compare_quality(ref, Q(loss=1.0, em=0.06 - 0.10, questions=100), tol)[0] is False
+    assert quality.compare_quality(ref, Q(loss=1.0, em=0.0, questions=100), tol)[0]  # 0.06 < 3 s.e.
+    ok, lines = quality.compare_quality(Q(loss=1.0, em=0.30, questions=400), Q(loss=1.0, em=0.20, questions=400), tol)
     assert not ok and "TOO LOW" in lines[1]
     # without EM on both sides only the loss is compared
-    assert len(recipes.compare_quality(Q(loss=1.0), Q(loss=1.0, em=0.0, questions=10), tol)[1]) == 1
+    assert len(quality.compare_quality(Q(loss=1.0), Q(loss=1.0, em=0.0, questions=10), tol)[1]) == 1
 
 
 def test_a_short_recipe_builds_the_same_bytes_twice(tmp_path):
@@ -109,80 +110,80 @@ def test_a_short_recipe_builds_the_same_bytes_twice(tmp_path):
     # quality is claimed: see --check). A short recipe through every step of the reader's
     # build: copying warm-up on fewer layers, stacking, length-bucketed transcripts.
     cfg = replace(TEST_CONFIG, copy_steps=8, copy_layers=1, length_buckets=True, steps=12)
-    a = models.build_tiny(tmp_path / "a", cfg, progress=False, recipe="test")
-    b = models.build_tiny(tmp_path / "b", cfg, progress=False, recipe="test")
-    assert models.same_build(a, b)
-    c = models.build_tiny(tmp_path / "c", replace(cfg, seed=1), progress=False, recipe="test")
-    assert not models.same_build(a, c)
+    a = build.build_tiny(tmp_path / "a", cfg, progress=False, recipe="test")
+    b = build.build_tiny(tmp_path / "b", cfg, progress=False, recipe="test")
+    assert recipes.same_build(a, b)
+    c = build.build_tiny(tmp_path / "c", replace(cfg, seed=1), progress=False, recipe="test")
+    assert not recipes.same_build(a, c)
 
 
 def test_a_recipe_continues_from_the_build_of_another(tmp_path, monkeypatch):
     # start_from: the base recipe is built into the cache once, and the continuation keeps its
     # tokenizer and trains its weights further on transcripts of its own seed
-    monkeypatch.setattr(recipes, "models_dir", lambda: tmp_path)
+    monkeypatch.setattr(build, "models_dir", lambda: tmp_path)
     base_cfg = replace(TEST_CONFIG, steps=6)
     monkeypatch.setitem(recipes.RECIPES, "test-base", base_cfg)
     built = []
-    real_build = recipes.build_tiny
-    monkeypatch.setattr(recipes, "build_tiny", lambda *a, **k: built.append(k.get("recipe")) or real_build(*a, **k))
+    real_build = build.build_tiny
+    monkeypatch.setattr(build, "build_tiny", lambda *a, **k: built.append(k.get("recipe")) or real_build(*a, **k))
     cfg = replace(TEST_CONFIG, start_from="test-base", seed=3, steps=6, vocab_size=400)
     out = real_build(tmp_path / "more", cfg, progress=False, recipe="test")
     base = tmp_path / "recipe-test-base"
-    assert built == ["test-base"] and models.tiny_is_current(base, "test-base")
+    assert built == ["test-base"] and recipes.tiny_is_current(base, "test-base")
     assert (out / "tokenizer.json").read_bytes() == (base / "tokenizer.json").read_bytes()
     assert (out / "model.safetensors").read_bytes() != (base / "model.safetensors").read_bytes()
     # the cached base is reused, and the continuation is as reproducible as any build
     again = real_build(tmp_path / "again", cfg, progress=False, recipe="test")
-    assert built == ["test-base"] and models.same_build(out, again)
+    assert built == ["test-base"] and recipes.same_build(out, again)
 
 
 def test_the_shipped_tiny_model_is_the_default_recipe_of_this_version():
     import json
     from dataclasses import asdict
 
-    assert models.tiny_is_current(models.SHIPPED_TINY), "the shipped tiny model is missing or from another recipe"
-    meta = json.loads((models.SHIPPED_TINY / "twice_model.json").read_text())
+    assert recipes.tiny_is_current(dirs.SHIPPED_TINY), "the shipped tiny model is missing or from another recipe"
+    meta = json.loads((dirs.SHIPPED_TINY / "twice_model.json").read_text())
     # a field added after the build is not in its record: the build had the field's default
-    meta["config"] = {**json.loads(json.dumps(asdict(models.TinyModelConfig()), default=list)), **meta["config"]}
-    recipe = json.loads(json.dumps(asdict(models.RECIPES[models.DEFAULT_RECIPE]), default=list))
+    meta["config"] = {**json.loads(json.dumps(asdict(recipes.TinyModelConfig()), default=list)), **meta["config"]}
+    recipe = json.loads(json.dumps(asdict(recipes.RECIPES[recipes.DEFAULT_RECIPE]), default=list))
     # the thread count does not change the bytes (builds on one and two threads are identical)
     assert {k: v for k, v in meta["config"].items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
 
 
 def test_tiny_falls_back_to_the_shipped_model_without_building(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "models_dir", lambda: tmp_path)
-    monkeypatch.setattr(models, "build_tiny", lambda *a, **k: pytest.fail("the shipped model should be used"))
-    assert models.resolve_model_dir("tiny") == models.SHIPPED_TINY
+    monkeypatch.setattr(load, "models_dir", lambda: tmp_path)
+    monkeypatch.setattr(load, "build_tiny", lambda *a, **k: pytest.fail("the shipped model should be used"))
+    assert load.resolve_model_dir("tiny") == dirs.SHIPPED_TINY
     # a current build in the cache takes precedence over the shipped copy
-    shutil.copytree(models.SHIPPED_TINY, tmp_path / "tiny")
-    assert models.resolve_model_dir("tiny") == tmp_path / "tiny"
+    shutil.copytree(dirs.SHIPPED_TINY, tmp_path / "tiny")
+    assert load.resolve_model_dir("tiny") == tmp_path / "tiny"
 
 
 def test_a_missing_or_corrupt_model_folder_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing"):
-        models.load_policy(str(tmp_path / "missing"))
+        load.load_policy(str(tmp_path / "missing"))
     bad = tmp_path / "bad"
-    shutil.copytree(models.SHIPPED_TINY, bad)
+    shutil.copytree(dirs.SHIPPED_TINY, bad)
     (bad / "model.safetensors").write_bytes(b"\x00garbage" * 10)
-    with pytest.raises(models.ModelFolderError, match=str(bad)):
-        models.load_policy(str(bad))
+    with pytest.raises(dirs.ModelFolderError, match=str(bad)):
+        load.load_policy(str(bad))
     (bad / "model.safetensors").unlink()
-    with pytest.raises(models.ModelFolderError, match=f"{bad} holds no weights"):
-        models.load_policy(str(bad))
+    with pytest.raises(dirs.ModelFolderError, match=f"{bad} holds no weights"):
+        load.load_policy(str(bad))
     (bad / "config.json").write_text("{not json")
-    with pytest.raises(models.ModelFolderError, match=f"{bad}: config.json is not valid JSON"):
-        models.load_policy(str(bad))
+    with pytest.raises(dirs.ModelFolderError, match=f"{bad}: config.json is not valid JSON"):
+        load.load_policy(str(bad))
 
 
 def test_unknown_model_names_say_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="never downloaded"):
-        models.resolve_model_dir(str(tmp_path / "missing"))
+        load.resolve_model_dir(str(tmp_path / "missing"))
 
 
 def test_scripted_searchqa_transcripts_mix_good_and_bad_decisions():
     if "SearchQA-v0" not in twice_envs.registry:
         pytest.skip("SearchQA-v0 is not available")
-    eps = models.scripted_episodes("SearchQA-v0", 30, seed=0, skill_range=(0.2, 0.95))
+    eps = build.scripted_episodes("SearchQA-v0", 30, seed=0, skill_range=(0.2, 0.95))
     answers = []
     for first_obs, turns in eps:
         assert turns
@@ -239,7 +240,7 @@ def test_benchmarks_quick(tmp_path, monkeypatch, capsys):
     assert sampler_main(["--quick"]) == 0
     out = capsys.readouterr().out
     assert "keyed vs plain sampling, 8 tokens per row" in out
-    vocab = models.load_policy("tiny").vocab_size
+    vocab = load.load_policy("tiny").vocab_size
     plain, keyed, wall, sampler, share = printed(
         out, rf"tiny\s+8\s+{vocab}\s+([\d.]+)\s+([\d.]+)\s+(-?[\d.]+)%\s+(-?[\d.]+)%\s+([\d.]+)%")
     assert plain > 0 and keyed > 0 and 0 < share <= 100
@@ -286,7 +287,7 @@ def test_load_episodes_names_the_bad_line(tmp_path):
 
 
 def test_sft_sequences_can_end_each_turn_with_a_scored_eos():
-    from twice_envs.agents.sft import sft_sequences
+    from twice_envs.agents.models.sft import sft_sequences
 
     tok = tiny_policy().tokenizer
     eos = tok.eos_token_id
@@ -307,7 +308,7 @@ def test_sft_sequences_can_end_each_turn_with_a_scored_eos():
 
 @pytest.mark.parametrize("window", [None, 1])
 def test_sft_sequences_weight_marked_mistakes_by_mistake_weight(window):
-    from twice_envs.agents.sft import sft_sequences
+    from twice_envs.agents.models.sft import sft_sequences
     from twice_envs.envs.mistakes import Mistake
 
     tok = tiny_policy().tokenizer
@@ -333,8 +334,8 @@ def test_sft_sequences_weight_marked_mistakes_by_mistake_weight(window):
 
 
 def test_whole_tokens_read_the_same_on_a_page_and_in_an_action():
-    from twice_envs.agents.tokenizer import train_tokenizer
-    from twice_envs.agents.transcripts import entity_ids
+    from twice_envs.agents.models.tokenizer import train_tokenizer
+    from twice_envs.agents.models.transcripts import entity_ids
 
     ids = entity_ids(["WebShop-v0"])
     env = twice_envs.make("WebShop-v0")
@@ -369,12 +370,12 @@ def test_webshop_transcripts_draw_the_goals_of_their_reset_options(monkeypatch, 
 
     # an env whose own split is test: its resets draw test goals unless the options say otherwise
     kw = dict(seed=0, max_turns=1, env_kwargs={"split": "test"})
-    assert drawn(models.scripted_episodes("WebShop-v0", 30, **kw)) == {"test"}
-    assert drawn(models.scripted_episodes("WebShop-v0", 30, reset_options={"split": "train"}, **kw)) == {"train"}
+    assert drawn(build.scripted_episodes("WebShop-v0", 30, **kw)) == {"test"}
+    assert drawn(build.scripted_episodes("WebShop-v0", 30, reset_options={"split": "train"}, **kw)) == {"train"}
     # the webshop recipe trains on training goals only, whatever the env's split
-    cfg = models.RECIPES["webshop"]
+    cfg = recipes.RECIPES["webshop"]
     assert cfg.reset_options == {"WebShop-v0": {"split": "train"}}
-    assert drawn(recipes.check_transcripts(replace(cfg, max_turns=1), episodes=20)) == {"train"}
+    assert drawn(quality.check_transcripts(replace(cfg, max_turns=1), episodes=20)) == {"train"}
     seen = {}
 
     class Stop(Exception):
@@ -384,14 +385,14 @@ def test_webshop_transcripts_draw_the_goals_of_their_reset_options(monkeypatch, 
         seen.update(kwargs)
         raise Stop
 
-    monkeypatch.setattr(recipes, "scripted_episodes", capture)
+    monkeypatch.setattr(build, "scripted_episodes", capture)
     with pytest.raises(Stop):
-        models.build_tiny(tmp_path / "ws", cfg, progress=False, recipe="webshop")
+        build.build_tiny(tmp_path / "ws", cfg, progress=False, recipe="webshop")
     assert seen["reset_options"] == {"split": "train"}
 
 
 def test_copy_sequences_score_only_the_repeat():
-    seqs = models.copy_sequences(100, 50, (4, 9), first_id=3, seed=1)
+    seqs = build.copy_sequences(100, 50, (4, 9), first_id=3, seed=1)
     for ids, weights in seqs:
         n = len(ids) // 2
         assert ids[:n] == ids[n:] and 4 <= n <= 9 and min(ids) >= 3 and max(ids) < 100
@@ -419,7 +420,7 @@ def test_copy_warm_up_teaches_a_small_model_to_copy():
 
     trained = model()
     # the settings of the reader recipe's warm-up, at its 512-token vocabulary (about 30 s)
-    losses = models.train_sft(trained, models.copy_sequences(512, 40000, (8, 32), first_id=3), steps=1000,
+    losses = build.train_sft(trained, build.copy_sequences(512, 40000, (8, 32), first_id=3), steps=1000,
                               batch_size=32, lr=3e-3, stop_loss=0.1)
     assert len(losses) < 1000 and np.mean(losses[-25:]) < 0.1  # stopped early, at the loss asked for
     assert copy_accuracy(model()) < 0.05  # chance is about 1/509
@@ -436,19 +437,19 @@ def test_copy_warm_up_draws_its_runs_from_copy_vocab_ids(monkeypatch, tmp_path):
         seen.append(vocab_size)
         raise Stop
 
-    monkeypatch.setattr(recipes, "copy_sequences", capture)
+    monkeypatch.setattr(build, "copy_sequences", capture)
     for copy_vocab in (0, 100):
         with pytest.raises(Stop):
-            models.build_tiny(tmp_path / "m", replace(TEST_CONFIG, copy_steps=4, copy_vocab=copy_vocab), progress=False,
+            build.build_tiny(tmp_path / "m", replace(TEST_CONFIG, copy_steps=4, copy_vocab=copy_vocab), progress=False,
                               recipe="test")
     assert seen == [TEST_CONFIG.vocab_size, 100]  # 0: the whole vocabulary
 
 
 def test_copy_sequences_draw_from_a_given_alphabet():
-    seqs = models.copy_sequences(0, 200, (4, 9), seed=2, alphabet=[7, 900, 901])
+    seqs = build.copy_sequences(0, 200, (4, 9), seed=2, alphabet=[7, 900, 901])
     assert {t for ids, _ in seqs for t in ids} == {7, 900, 901}
     with pytest.raises(ValueError, match="alphabet"):
-        models.copy_sequences(0, 1, (4, 9), alphabet=[])
+        build.copy_sequences(0, 1, (4, 9), alphabet=[])
 
 
 def test_the_id_drill_copies_runs_of_the_id_tokens_after_the_first_drill(monkeypatch, tmp_path):
@@ -457,7 +458,7 @@ def test_the_id_drill_copies_runs_of_the_id_tokens_after_the_first_drill(monkeyp
     class Stop(Exception):
         pass
 
-    real = recipes.copy_sequences
+    real = build.copy_sequences
 
     def capture(vocab_size, n, length, **kwargs):
         calls.append(kwargs.get("alphabet"))
@@ -466,11 +467,11 @@ def test_the_id_drill_copies_runs_of_the_id_tokens_after_the_first_drill(monkeyp
         return real(vocab_size, n, length, **kwargs)
 
     ids = [f"ZQ{k:08d}" for k in range(20)]
-    monkeypatch.setattr(recipes, "copy_sequences", capture)
-    monkeypatch.setattr(recipes, "entity_ids", lambda envs: ids)
+    monkeypatch.setattr(build, "copy_sequences", capture)
+    monkeypatch.setattr(build, "entity_ids", lambda envs: ids)
     cfg = replace(TEST_CONFIG, id_tokens=True, copy_steps=2, copy_vocab=100, copy_id_steps=3)
     with pytest.raises(Stop):
-        models.build_tiny(tmp_path / "m", cfg, progress=False, recipe="test")
+        build.build_tiny(tmp_path / "m", cfg, progress=False, recipe="test")
     first, drill = calls
     assert first is None  # the first drill: ids 3 .. copy_vocab - 1
     id_range = set(range(cfg.vocab_size, cfg.vocab_size + len(ids)))
@@ -509,12 +510,12 @@ def test_the_lookup_drill_draws_its_names_from_the_whole_tokens(monkeypatch, tmp
         raise Stop
 
     ids = [f"ZQ{k:08d}" for k in range(20)]
-    monkeypatch.setattr(recipes, "match_sequences", capture)
-    monkeypatch.setattr(recipes, "entity_ids", lambda envs: ids)
+    monkeypatch.setattr(build, "match_sequences", capture)
+    monkeypatch.setattr(build, "entity_ids", lambda envs: ids)
     for id_tokens in (True, False):
         cfg = replace(TEST_CONFIG, id_tokens=id_tokens, copy_steps=2, copy_vocab=100, match_steps=3)
         with pytest.raises(Stop):
-            models.build_tiny(tmp_path / "m", cfg, progress=False, recipe="test")
+            build.build_tiny(tmp_path / "m", cfg, progress=False, recipe="test")
     (names, letters), (plain_names, plain_letters) = seen
     assert names == list(range(cfg.vocab_size, cfg.vocab_size + len(ids))) and letters == list(range(3, 100))
     assert plain_names == list(range(8, 100)) and plain_letters == list(range(3, 100))  # the first five are markers
@@ -525,12 +526,12 @@ def test_the_shipped_game_model_is_its_recipe(recipe_name):
     import json
     from dataclasses import asdict
 
-    path = models.shipped_dir(recipe_name)
-    assert path is not None and models.tiny_is_current(path, recipe_name)
+    path = recipes.shipped_dir(recipe_name)
+    assert path is not None and recipes.tiny_is_current(path, recipe_name)
     meta = json.loads((path / "twice_model.json").read_text())
-    recipe = json.loads(json.dumps(asdict(models.RECIPES[recipe_name]), default=list))
+    recipe = json.loads(json.dumps(asdict(recipes.RECIPES[recipe_name]), default=list))
     # a field added after the build counts as its default
-    built = {**json.loads(json.dumps(asdict(models.TinyModelConfig()), default=list)), **meta["config"]}
+    built = {**json.loads(json.dumps(asdict(recipes.TinyModelConfig()), default=list)), **meta["config"]}
     assert {k: v for k, v in built.items() if k != "threads"} == {k: v for k, v in recipe.items() if k != "threads"}
     assert sum(f.stat().st_size for f in path.iterdir()) < 5e6  # small enough to ship
 
@@ -549,7 +550,7 @@ def test_stacked_layers_start_out_computing_what_the_shallow_model_does():
     ids = torch.randint(0, 50, (3, 17))
     with torch.no_grad():
         before = deep(ids).logits
-        models.stack_layers(deep, bottom)
+        build.stack_layers(deep, bottom)
         assert torch.allclose(deep(ids).logits, bottom(ids).logits, atol=1e-5)
         assert not torch.allclose(before, bottom(ids).logits, atol=1e-3)
     # the stacked layers still learn: their input projections get gradients
@@ -560,11 +561,11 @@ def test_stacked_layers_start_out_computing_what_the_shallow_model_does():
 
 def test_same_build_compares_the_bytes(tmp_path):
     copy = tmp_path / "copy"
-    shutil.copytree(models.SHIPPED_TINY, copy)
-    assert models.same_build(copy, models.SHIPPED_TINY)
+    shutil.copytree(dirs.SHIPPED_TINY, copy)
+    assert recipes.same_build(copy, dirs.SHIPPED_TINY)
     (copy / "config.json").write_text((copy / "config.json").read_text().replace('"num_hidden_layers": 4', '"num_hidden_layers": 3'))
-    assert not models.same_build(copy, models.SHIPPED_TINY)
-    assert not models.same_build(tmp_path / "missing", tmp_path / "missing")
+    assert not recipes.same_build(copy, dirs.SHIPPED_TINY)
+    assert not recipes.same_build(tmp_path / "missing", tmp_path / "missing")
 
 
 def test_alfworld_transcripts_play_the_generated_games_and_drawn_rooms_of_the_recipe(monkeypatch, tmp_path):
@@ -595,7 +596,7 @@ def test_rollout_cli_plays_a_game_model_as_it_was_trained(tmp_path):
 
 
 def test_rollout_cli_keeps_the_history_window_a_model_was_trained_with(tmp_path):
-    from twice_envs.agents.models import resolve_model_dir
+    from twice_envs.agents.models.load import resolve_model_dir
 
     model = tmp_path / "model"
     shutil.copytree(resolve_model_dir("tiny-webshop"), model)
@@ -615,11 +616,11 @@ def test_rollout_cli_keeps_the_history_window_a_model_was_trained_with(tmp_path)
 def test_relabelled_episodes_label_the_states_the_model_reaches(window):
     # DAgger: the model plays, the scripted agent names its own turn in every state the model reached;
     # each transcript shows the model's turns its context held (never imitated), then the label
-    from twice_envs.agents.rollout import Task, rollout
-    from twice_envs.agents.sft import sft_sequences
-    from twice_envs.agents.transcripts import relabelled_episodes
+    from twice_envs.agents.models.sft import sft_sequences
+    from twice_envs.agents.models.transcripts import relabelled_episodes
+    from twice_envs.agents.rollout.episodes import Task, rollout
+    from twice_envs.agents.sampling.policy import SamplingConfig
     from twice_envs.envs.mistakes import Mistake, Played
-    from twice_envs.agents.policy import SamplingConfig
 
     def agent(env, rng, skill, **_):
         assert skill == 1.0
@@ -655,15 +656,15 @@ def test_relabelled_episodes_label_the_states_the_model_reaches(window):
 def test_a_continuation_adds_the_relabelled_states_of_its_base(tmp_path, monkeypatch):
     # relabel_episodes: the start_from build plays, the scripted agent labels its states, and the
     # continuation trains on them with the base's tokenizer
-    monkeypatch.setattr(recipes, "models_dir", lambda: tmp_path)
+    monkeypatch.setattr(build, "models_dir", lambda: tmp_path)
     monkeypatch.setitem(recipes.RECIPES, "test-base", replace(TEST_CONFIG, steps=6))
     cfg = replace(TEST_CONFIG, start_from="test-base", seed=3, steps=6, relabel_episodes=4, window=2)
-    out = recipes.build_tiny(tmp_path / "more", cfg, progress=False, recipe="test")
+    out = build.build_tiny(tmp_path / "more", cfg, progress=False, recipe="test")
     meta = json.loads((out / "twice_model.json").read_text())
     assert meta["envs"]["CoinChain-v0"] == 40 and meta["envs"]["CoinChain-v0 relabelled"] >= 4
     assert (out / "tokenizer.json").read_bytes() == (tmp_path / "recipe-test-base" / "tokenizer.json").read_bytes()
     with pytest.raises(ValueError, match="start_from"):
-        recipes.build_tiny(tmp_path / "bad", replace(cfg, start_from=None), progress=False, recipe="test")
+        build.build_tiny(tmp_path / "bad", replace(cfg, start_from=None), progress=False, recipe="test")
 
 
 def test_every_continuation_starts_from_a_recipe_and_the_chains_end():

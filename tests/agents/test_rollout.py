@@ -13,9 +13,15 @@ import torch
 
 import twice_envs
 from tests.agents._tiny import tiny_dir, tiny_policy
-from twice_envs.agents.policy import SamplingConfig
-from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, episode_noise_seed, rollout
-from twice_envs.agents.sequence import pack_episode
+from twice_envs.agents.rollout.context import pack_episode
+from twice_envs.agents.rollout.episodes import (
+    BranchRequest,
+    Task,
+    branch_rollouts,
+    episode_noise_seed,
+    rollout,
+)
+from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.errors import MissingExtra
 from twice_envs.keys import NoiseKey
 from twice_envs.noise import sampling_logprobs
@@ -136,8 +142,8 @@ def test_bad_branch_requests_are_rejected(factual):
 _DETERMINISM = """
 import hashlib, json, sys
 import tests.toy_envs
-from twice_envs.agents.policy import HFPolicy, SamplingConfig
-from twice_envs.agents.rollout import Task, rollout, branch_rollouts, BranchRequest
+from twice_envs.agents.sampling.policy import HFPolicy, SamplingConfig
+from twice_envs.agents.rollout.episodes import Task, rollout, branch_rollouts, BranchRequest
 pol = HFPolicy.from_pretrained(sys.argv[1])
 s = SamplingConfig(max_new_tokens=10, top_p=0.9)
 eps = rollout(pol, "CoinChain-v0", [Task(4), Task(8)], group_size=2, sampling=s, max_turns=3, noise_seed=11)
@@ -189,7 +195,7 @@ def test_rollouts_and_twins_on_the_real_envs(env_id):
 
 
 def test_prefix_cache_is_dropped_when_the_weights_change():
-    from twice_envs.agents.policy import GenerationRequest, HFPolicy
+    from twice_envs.agents.sampling.policy import GenerationRequest, HFPolicy
 
     policy = HFPolicy.from_pretrained(tiny_dir())
     req = [GenerationRequest(list(range(5, 40)), NoiseKey(1, 0, 0))]

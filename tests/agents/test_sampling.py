@@ -8,9 +8,9 @@ import torch
 
 from tests.agents._tiny import tiny_policy
 from twice_envs import noise
-from twice_envs.agents import sampling as S
-from twice_envs.agents.policy import GenerationRequest, SamplingConfig
-from twice_envs.agents.sequence import initial_prompt_ids
+from twice_envs.agents.rollout.context import initial_prompt_ids
+from twice_envs.agents.sampling import processor as S
+from twice_envs.agents.sampling.policy import GenerationRequest, SamplingConfig
 from twice_envs.keys import NoiseKey
 
 
@@ -218,7 +218,7 @@ def _hf_tokens(kind, dtype, mode, tau, top_p, keys, prompts, counters, steps):
 
 
 def _v1_tokens(kind, dtype, mode, tau, top_p, keys, prompts, counters, steps):
-    from twice_envs.agents.vllm_processor import KeyedBatchState, keyed_extra_args
+    from twice_envs.agents.sampling.vllm import KeyedBatchState, keyed_extra_args
 
     B = len(keys)
     state = KeyedBatchState(NEWLINE_X)
@@ -239,8 +239,8 @@ def _v1_tokens(kind, dtype, mode, tau, top_p, keys, prompts, counters, steps):
 
 
 def _v2_tokens(kind, dtype, mode, tau, top_p, keys, prompts, counters, steps):
-    from twice_envs.agents.vllm_processor import keyed_extra_args
-    from twice_envs.agents.vllm_v2_processor import KeyedSlotState
+    from twice_envs.agents.sampling.vllm import keyed_extra_args
+    from twice_envs.agents.sampling.vllm_v2 import KeyedSlotState
 
     B = len(keys)
     slot_of = [7 + 2 * r for r in range(B)]  # requests sit in recycled slots, not rows
@@ -303,7 +303,7 @@ def test_key_modes_read_different_noise():
 
 
 def test_toy_sampler_is_the_core_sampler():
-    from twice_envs.agents import toy
+    from twice_envs.agents.lab import toy
 
     class _Fixed:
         def __init__(self, logits):

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from twice_envs.agents import toy
-from twice_envs.agents.search_toy import SearchToySetting, search_toy_policy
+from twice_envs.agents.lab import toy
+from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
 from twice_envs.envs.searchtoy.env import SearchToyConfig
 
 

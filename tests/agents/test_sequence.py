@@ -7,11 +7,23 @@ import pytest
 import torch
 
 from tests.agents._tiny import tiny_policy
-from twice_envs.agents.loss import pack, token_logprobs
-from twice_envs.agents.policy import SamplingConfig
-from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, rollout
-from twice_envs.agents.sequence import (check_window, pack_episode, pack_segments, segments, text_sequences,
-                                        turn_context, twin_prefix)
+from twice_envs.agents.rollout.context import (
+    check_window,
+    pack_episode,
+    pack_segments,
+    segments,
+    text_sequences,
+    turn_context,
+    twin_prefix,
+)
+from twice_envs.agents.rollout.episodes import (
+    BranchRequest,
+    Task,
+    branch_rollouts,
+    rollout,
+)
+from twice_envs.agents.sampling.policy import SamplingConfig
+from twice_envs.agents.training.loss import pack, token_logprobs
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.keys import NoiseKey
 

@@ -3,7 +3,8 @@
 import numpy as np
 
 import twice_envs
-from twice_envs.agents import toy
+from twice_envs.agents.lab import toy
+from twice_envs.envs.credittoy import env as credittoy
 
 
 def test_credit_toy_passes_the_contract_checker():
@@ -32,4 +33,4 @@ def test_bad_actions_waste_a_turn_without_crashing():
     env.reset(seed=0)
     obs, r, term, trunc, info = env.step("seven")
     assert info["invalid"] and "Invalid" in obs and not term
-    assert env.unwrapped.history == [toy.INVALID]
+    assert env.unwrapped.history == [credittoy.INVALID]

@@ -4,12 +4,20 @@ safe checkpoints, run folders and progress lines."""
 import json
 import pickle
 
-import numpy as np
 import pytest
 import torch
 
-from twice_envs.agents.train import (CheckpointError, RunExistsError, TrainConfig, eval_main, evaluate,
-                                     load_run_policy, mixed_group_share, read_checkpoint, read_run_config, train)
+from twice_envs.agents.cli.train import eval_main
+from twice_envs.agents.models.load import load_run_policy
+from twice_envs.agents.training.checkpoint import CheckpointError, read_checkpoint
+from twice_envs.agents.training.config import read_run_config
+from twice_envs.agents.training.trainer import (
+    RunExistsError,
+    TrainConfig,
+    evaluate,
+    mixed_group_share,
+    train,
+)
 from twice_envs.errors import DataFormatError
 
 from .train_helpers import one_torch_thread, small_policy, toy_config  # noqa: F401
@@ -69,8 +77,6 @@ def test_twice_logs_predictor_and_branching(tmp_path, policy_factory):
 
 
 def test_greedy_eval_reports_em_and_f1(policy_factory):
-    from twice_envs.agents import toy  # noqa: F401
-
     cfg = TrainConfig(env="CreditToy-v0", indexed_tasks=False, max_new_tokens=3, max_turns=3)
     res = evaluate(policy_factory(), cfg, questions=3)
     assert res["n"] == 3 and 0.0 <= res["em"] <= 1.0 and "CreditToy-v0" in res["per_dataset"]
@@ -124,7 +130,7 @@ def test_the_crafted_payload_is_live(tmp_path):
 
 
 def test_a_crafted_checkpoint_is_refused_by_resume_eval_and_audit(tmp_path, policy_factory, capsys):
-    from twice_envs.agents.audit import audit_main
+    from twice_envs.agents.lab.audit import audit_main
     from twice_envs.cli import main
 
     marker = tmp_path / "ran"
@@ -200,7 +206,7 @@ def test_training_into_a_used_run_folder_needs_resume_or_overwrite(tmp_path, pol
     with pytest.raises(RunExistsError, match="--resume.*--overwrite"):
         train(toy_config(tmp_path, updates=1), policy=policy_factory(), progress=False)
     assert (run / "metrics.jsonl").read_bytes() == before
-    args = ["train", "--env", "twice_envs.agents.toy:CreditToy-v0", "--out", str(run), "--updates", "1"]
+    args = ["train", "--env", "twice_envs.agents.lab.toy:CreditToy-v0", "--out", str(run), "--updates", "1"]
     assert main(args) == 1
     assert f"{run} already holds a run" in capsys.readouterr().err
     assert (run / "metrics.jsonl").read_bytes() == before

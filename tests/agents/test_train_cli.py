@@ -4,13 +4,14 @@ import json
 
 import pytest
 
-from twice_envs.agents.audit import audit_main
-from twice_envs.agents.plots import plot_main
-from twice_envs.agents.train import RunExistsError, eval_main, train_main
+from twice_envs.agents.cli.train import eval_main, train_main
+from twice_envs.agents.lab.audit import audit_main
+from twice_envs.agents.lab.plots import plot_main
+from twice_envs.agents.training.trainer import RunExistsError
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
-ENV = "twice_envs.agents.toy:CreditToy-v0"
+ENV = "twice_envs.agents.lab.toy:CreditToy-v0"
 
 
 def test_train_eval_audit_plot_commands(tmp_path, capsys):
@@ -48,7 +49,7 @@ def test_train_eval_audit_plot_commands(tmp_path, capsys):
 
 
 def test_train_keeps_the_history_window_a_model_was_trained_with(tmp_path, monkeypatch):
-    import twice_envs.agents.train as train_mod
+    import twice_envs.agents.training.trainer as train_mod
 
     policy = small_policy(0)
     model_dir = tmp_path / "model"

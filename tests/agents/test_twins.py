@@ -7,9 +7,9 @@ import pytest
 
 from twice_envs.agents.credit import crr, twice
 from twice_envs.agents.credit.twice import BranchPlan, TwiceConfig
-from twice_envs.agents.policy import Generation, SamplingConfig
-from twice_envs.agents.rollout import Task, rollout
-from twice_envs.agents.twins import run_twins
+from twice_envs.agents.rollout.episodes import Task, rollout
+from twice_envs.agents.rollout.twins import run_twins
+from twice_envs.agents.sampling.policy import Generation, SamplingConfig
 
 from ._tiny import tiny_policy
 

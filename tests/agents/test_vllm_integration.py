@@ -27,9 +27,13 @@ REQUIRED = os.environ.get("TWICE_REQUIRE_VLLM") == "1"
 @pytest.mark.skipif(not available("vllm") and not REQUIRED, reason="vLLM is not installed")
 def test_vllm_and_transformers_emit_the_same_tokens():
     from twice_envs import noise
-    from twice_envs.agents.models import resolve_model_dir
-    from twice_envs.agents.policy import GenerationRequest, HFPolicy, SamplingConfig
-    from twice_envs.agents.sequence import initial_prompt_ids
+    from twice_envs.agents.models.load import resolve_model_dir
+    from twice_envs.agents.rollout.context import initial_prompt_ids
+    from twice_envs.agents.sampling.policy import (
+        GenerationRequest,
+        HFPolicy,
+        SamplingConfig,
+    )
     from twice_envs.keys import NoiseKey
 
     model = os.environ.get("TWICE_VLLM_MODEL") or str(resolve_model_dir("smollm2-135m"))

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from twice_envs.agents.sampling import KeyedLogitsProcessor
-from twice_envs.agents.vllm_processor import KeyedBatchState, keyed_extra_args
+from twice_envs.agents.sampling.processor import KeyedLogitsProcessor
+from twice_envs.agents.sampling.vllm import KeyedBatchState, keyed_extra_args
 from twice_envs.keys import NoiseKey
 from twice_envs.noise import KEY_MODES
 
@@ -125,7 +125,7 @@ class _FakeReqStates:
 @pytest.mark.parametrize("mode", KEY_MODES)
 def test_v2_state_follows_slots_and_rows(mode):
     """Requests enter recycled slots, rows are reordered every step, one request is preempted and resumed."""
-    from twice_envs.agents.vllm_v2_processor import apply_with_context, slot_state_for
+    from twice_envs.agents.sampling.vllm_v2 import apply_with_context, slot_state_for
 
     rng = np.random.default_rng(1)
     n_slots = 4
@@ -188,7 +188,7 @@ def test_v2_state_follows_slots_and_rows(mode):
 
 
 def test_v2_skips_prompt_chunks_and_rejects_speculative_rows():
-    from twice_envs.agents.vllm_v2_processor import apply_with_context, slot_state_for
+    from twice_envs.agents.sampling.vllm_v2 import apply_with_context, slot_state_for
 
     req_states = _FakeReqStates(2, 32)
     req_states.admit(0, [4, 5, 6, 7, 8, 9])
@@ -205,7 +205,7 @@ def test_v2_skips_prompt_chunks_and_rejects_speculative_rows():
 
 
 def test_interface_choice_follows_version_and_device():
-    from twice_envs.agents.vllm_processor import uses_v2_interface
+    from twice_envs.agents.sampling.vllm_engine import uses_v2_interface
 
     assert uses_v2_interface("0.32.0") and uses_v2_interface("0.33.1+cu129") and uses_v2_interface("1.0.0")
     assert not uses_v2_interface("0.31.2") and not uses_v2_interface("0.10.1.1")

@@ -7,7 +7,7 @@ import functools
 
 @functools.lru_cache(maxsize=1)
 def _tokenizer():
-    from twice_envs.agents.models import train_tokenizer
+    from twice_envs.agents.models.tokenizer import train_tokenizer
 
     texts = ["Pick an action 0-3 on each of 3 turns; collect enough points.", "A red light.", "A green light.",
              "0\n", "1\n", "2\n", "3\n", "Invalid action: answer with one digit 0-3. Turn wasted."] * 20
@@ -19,7 +19,7 @@ def small_policy(seed: int = 0):
     (built once per process and seed; every call returns a fresh copy)."""
     import copy
 
-    from twice_envs.agents.policy import HFPolicy
+    from twice_envs.agents.sampling.policy import HFPolicy
 
     model, tok = _built(seed)
     return HFPolicy(copy.deepcopy(model), tok)
@@ -45,9 +45,9 @@ def _warm_start(model, tok, seed):
     """A few supervised steps on random valid toy episodes, so turns are mostly digits."""
     import random
 
-    from twice_envs.agents.models import train_sft
-    from twice_envs.agents.sequence import initial_prompt_ids, observation_ids
-    from twice_envs.agents.toy import CreditToyEnv
+    from twice_envs.agents.models.sft import train_sft
+    from twice_envs.agents.rollout.context import initial_prompt_ids, observation_ids
+    from twice_envs.envs.credittoy.env import CreditToyEnv
 
     rng = random.Random(seed)
     first = CreditToyEnv().protocol().instructions
@@ -65,8 +65,7 @@ def _warm_start(model, tok, seed):
 
 
 def toy_config(tmp_path, **kw):
-    from twice_envs.agents import toy  # noqa: F401  (registers CreditToy-v0)
-    from twice_envs.agents.train import cpu_config
+    from twice_envs.agents.training.config import cpu_config
 
     base = dict(env="CreditToy-v0", indexed_tasks=False, questions_per_update=3, group_size=3, max_new_tokens=3,
                 updates=2, lr=1e-3, warmup_steps=1, eval_questions=4, checkpoint_every=1, out_dir=str(tmp_path / "run"),

@@ -8,7 +8,8 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from twice_envs.agents.vllm_processor import keyed_extra_args, make_vllm_processor_class
+    from twice_envs.agents.sampling.vllm import keyed_extra_args
+    from twice_envs.agents.sampling.vllm_engine import make_vllm_processor_class
     from twice_envs.keys import NoiseKey
 
     spec = json.loads(sys.argv[1])

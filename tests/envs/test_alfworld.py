@@ -13,7 +13,7 @@ from twice_envs.errors import DataFormatError, MissingExtra, TwiceError
 pytest.importorskip("alfworld")
 pytest.importorskip("fast_downward")
 
-from twice_envs.envs.alfworld.env import ALFWorldEnv, parse_action  # noqa: E402
+from twice_envs.envs.alfworld.env import parse_action  # noqa: E402
 from twice_envs.envs.alfworld.games import TASK_TYPES, list_games  # noqa: E402
 
 

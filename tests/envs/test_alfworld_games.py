@@ -16,7 +16,13 @@ pytest.importorskip("fast_downward")
 import twice_envs  # noqa: E402
 from twice_envs.envs.alfworld.engine import POOL, PlannerTimeout  # noqa: E402
 from twice_envs.envs.alfworld.expert import ALFWorldExpert, ExpertError, solve  # noqa: E402
-from twice_envs.envs.alfworld.games import BUNDLED_DIR, SPLITS, TASK_TYPES, list_games, load_game  # noqa: E402
+from twice_envs.envs.alfworld.games import (  # noqa: E402
+    BUNDLED_DIR,
+    SPLITS,
+    TASK_TYPES,
+    list_games,
+    load_game,
+)
 
 ENTRIES = [e for split in SPLITS for e in list_games(None, split, TASK_TYPES)]
 
@@ -219,7 +225,12 @@ def test_drawn_rooms_are_deterministic_varied_and_never_a_held_out_room(monkeypa
 
 
 def test_drawn_rooms_join_only_the_train_split_and_their_games_win(tmp_path):
-    from twice_envs.envs.alfworld.generator import TASK_LAYOUTS, drawn_rooms, generated_collection, main
+    from twice_envs.envs.alfworld.generator import (
+        TASK_LAYOUTS,
+        drawn_rooms,
+        generated_collection,
+        main,
+    )
 
     assert main(["--out", str(tmp_path), "--split", "train", "--count", "1", "--rooms", "1"]) == 0
     files = sorted((tmp_path / "train").glob("*.json"))

@@ -108,7 +108,11 @@ def test_scripted_turns_mark_their_random_commands_as_mistakes():
 def test_renumbered_copies_permute_instance_numbers_consistently_and_keep_the_play_right():
     import re
 
-    from twice_envs.agents.transcripts import AUGMENTERS, scripted_agent, scripted_episodes
+    from twice_envs.agents.models.transcripts import (
+        AUGMENTERS,
+        scripted_agent,
+        scripted_episodes,
+    )
     from twice_envs.envs.alfworld.scripted import renumbered_copies
 
     assert scripted_agent("ALFWorld-v0", AUGMENTERS) is renumbered_copies
@@ -177,7 +181,7 @@ def test_notes_name_the_object_to_find_then_where_it_goes():
 def test_type_names_are_whole_tokens_in_the_task_the_observation_and_the_command():
     import re
 
-    from twice_envs.agents.tokenizer import train_tokenizer
+    from twice_envs.agents.models.tokenizer import train_tokenizer
     from twice_envs.envs.alfworld.scripted import type_names
 
     names = type_names()

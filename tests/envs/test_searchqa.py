@@ -13,8 +13,15 @@ import pytest
 import twice_envs
 from twice_envs.envs.searchqa import protocol as P
 from twice_envs.envs.searchqa import resources
-from twice_envs.envs.searchqa.scripted import (name_words, plan, random_turn, renamed_copies, run_episode,
-                                               scripted_turns, seen_passages)
+from twice_envs.envs.searchqa.scripted import (
+    name_words,
+    plan,
+    random_turn,
+    renamed_copies,
+    run_episode,
+    scripted_turns,
+    seen_passages,
+)
 from twice_envs.envs.searchqa.specs import VARIANTS
 
 SMALL = {"num_entities": 60, "num_train": 40, "num_dev": 20, "num_test": 20}

@@ -7,11 +7,16 @@ import numpy as np
 import pytest
 
 import twice_envs
-from twice_envs.errors import DataFormatError
 from twice_envs.envs.searchqa import resources
 from twice_envs.envs.searchqa.bm25 import BM25Index, BM25Params, Tokenizer, build_index
 from twice_envs.envs.searchqa.corpus import open_corpus
-from twice_envs.envs.searchqa.loaders import iter_corpus_jsonl, load_flashrag_jsonl, load_questions, load_searchr1_parquet
+from twice_envs.envs.searchqa.loaders import (
+    iter_corpus_jsonl,
+    load_flashrag_jsonl,
+    load_questions,
+    load_searchr1_parquet,
+)
+from twice_envs.errors import DataFormatError
 
 PASSAGES = [
     ("0", '"Aldermoor"\nAldermoor is a river port founded by the weaver Ilsa Varn in 1702.'),

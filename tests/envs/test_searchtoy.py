@@ -3,7 +3,13 @@
 import pytest
 
 import twice_envs
-from twice_envs.envs.searchtoy.env import INVALID, SearchToyConfig, outcome, parse_action, transition
+from twice_envs.envs.searchtoy.env import (
+    INVALID,
+    SearchToyConfig,
+    outcome,
+    parse_action,
+    transition,
+)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"reward": "graded", "hops": 2, "horizon": 4}])

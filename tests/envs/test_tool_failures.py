@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 import twice_envs
+from tests.wrappers.real_envs import require_env
 from twice_envs import TwiceError
 from twice_envs.tools import Journal, Tool
-from tests.wrappers.real_envs import require_env
 
 SEARCH = "<search> capital of Velora </search>"
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 
 import twice_envs
-from twice_envs.envs.webshop.scripted import RandomAgent, ScriptedAgent, evaluate, scripted_turns
+from twice_envs.envs.webshop.scripted import (
+    RandomAgent,
+    ScriptedAgent,
+    evaluate,
+    scripted_turns,
+)
 
 
 def test_scripted_beats_random():
@@ -69,7 +74,11 @@ def test_random_clicks_are_marked_as_mistakes_and_expert_actions_are_not():
 def test_reassigned_ids_swap_product_ids_one_to_one_and_keep_the_play_right():
     import re
 
-    from twice_envs.agents.transcripts import AUGMENTERS, scripted_agent, scripted_episodes
+    from twice_envs.agents.models.transcripts import (
+        AUGMENTERS,
+        scripted_agent,
+        scripted_episodes,
+    )
     from twice_envs.envs.mistakes import Mistake
     from twice_envs.envs.webshop.scripted import reassigned_ids
 

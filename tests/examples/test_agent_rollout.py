@@ -2,8 +2,6 @@ import runpy
 import sys
 from pathlib import Path
 
-import pytest
-
 import twice_envs
 from tests.agents._tiny import tiny_dir
 

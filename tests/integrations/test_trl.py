@@ -14,7 +14,7 @@ from twice_envs.integrations.episodes import response_row  # noqa: E402
 def trainer(tmp_path):
     from trl import GRPOConfig
 
-    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.models.load import load_policy
 
     torch.manual_seed(0)
     policy = load_policy("tiny")

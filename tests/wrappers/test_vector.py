@@ -17,7 +17,11 @@ from gymnasium.utils.env_checker import check_env as gym_check_env
 import twice_envs
 from tests.wrappers.real_envs import REAL_ENVS, pick_action, require_env
 from twice_envs import TextEnv, TwiceError
-from twice_envs.wrappers.vector import SeededSubEnv, TextAsyncVectorEnv, TextSyncVectorEnv
+from twice_envs.wrappers.vector import (
+    SeededSubEnv,
+    TextAsyncVectorEnv,
+    TextSyncVectorEnv,
+)
 
 MODES = ("sync", "async")
 

@@ -5,9 +5,17 @@ from __future__ import annotations
 import pytest
 
 import twice_envs
-from twice_envs import NoiseKey
-from twice_envs.wrappers import ChatView, RecordEpisodes, TurnLimit, chat_messages, fork, twin, unwrap
 from tests import toy_envs  # noqa: F401
+from twice_envs import NoiseKey
+from twice_envs.wrappers import (
+    ChatView,
+    RecordEpisodes,
+    TurnLimit,
+    chat_messages,
+    fork,
+    twin,
+    unwrap,
+)
 
 
 def factual(seed=3, actions=("look", "right", "look", "left", "look")):

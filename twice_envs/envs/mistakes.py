@@ -23,7 +23,7 @@ class Mistake(str):
 
 class Played(str):
     """A turn text that a model played, in a transcript whose next turn a scripted agent relabels
-    (:func:`~twice_envs.agents.transcripts.relabelled_episodes`): it stays in the context, as the
+    (:func:`~twice_envs.agents.models.transcripts.relabelled_episodes`): it stays in the context, as the
     model saw it, and is never imitated, whatever weight mistakes get."""
 
     __slots__ = ()

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from twice_envs.agents.sequence import pack_episode
+from twice_envs.agents.rollout.context import pack_episode
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -36,7 +36,7 @@ class ResponseRow:
 
 
 def response_row(episode: EpisodeRecord) -> ResponseRow:
-    """The episode's prompt and response (see :func:`~twice_envs.agents.sequence.pack_episode`)."""
+    """The episode's prompt and response (see :func:`~twice_envs.agents.rollout.context.pack_episode`)."""
     ids, mask, old, turn_of = pack_episode(episode)
     n = len(episode.prompt_ids)
     return ResponseRow(list(ids[:n]), list(ids[n:]), list(mask[n:]), list(old[n:]), list(turn_of[n:]))

@@ -27,10 +27,11 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from twice_envs._deps import require
+from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit.twice import TwiceConfig
-from twice_envs.agents.policy import HFPolicy, SamplingConfig
-from twice_envs.agents.rollout import Task, rollout
-from twice_envs.agents.train import METHODS, method_credit
+from twice_envs.agents.rollout.episodes import Task, rollout
+from twice_envs.agents.rollout.twins import credit_step
+from twice_envs.agents.sampling.policy import HFPolicy, SamplingConfig
 from twice_envs.integrations.episodes import response_row, token_advantages
 
 _trl = require("trl", "trl", "the TRL integration")
@@ -43,7 +44,7 @@ def task_prompt(seed: int, options: Optional[dict] = None) -> str:
 
 
 def parse_task(prompt: Any) -> Task:
-    """The :class:`~twice_envs.agents.rollout.Task` a :func:`task_prompt` names (clear error otherwise)."""
+    """The :class:`~twice_envs.agents.rollout.episodes.Task` a :func:`task_prompt` names (clear error otherwise)."""
     try:
         d = json.loads(prompt)
         return Task(int(d["seed"]), dict(d.get("options") or {}))
@@ -73,7 +74,7 @@ class TwinRolloutConfig:
     env_kwargs: dict = field(default_factory=dict)
     """Keyword arguments for ``twice_envs.make``."""
     method: str = "twice"
-    """Credit: grpo, gigpo, twice, crr or vineppo (as ``twice train --method``)."""
+    """Credit method: a registered name (as ``twice train --method``)."""
     max_turns: Optional[int] = 4
     """Turn cap per episode (None: the env's own limit)."""
     max_new_tokens: int = 128
@@ -92,8 +93,7 @@ class TwinRollout:
     """``rollout_func`` for TRL: episodes with the keyed sampler and per-token credit (see module doc)."""
 
     def __init__(self, config: TwinRolloutConfig = TwinRolloutConfig()) -> None:
-        if config.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
+        get_method(config.method)  # an unknown name raises, naming the registered ones
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.update = 0
@@ -131,7 +131,7 @@ class TwinRollout:
         sampling = self.sampling()
         episodes = rollout(policy, c.env_id, [parse_task(p) for p, _ in groups], group_size=sizes.pop(),
                            sampling=sampling, env_kwargs=c.env_kwargs, noise_seed=noise_seed, max_turns=c.max_turns)
-        credit = method_credit(c.method, policy, episodes, config=c.twice, sampling=sampling, rng=self.rng,
+        credit = credit_step(c.method, policy, episodes, config=c.twice, sampling=sampling, rng=self.rng,
                                update=self.update, noise_seed=noise_seed, predictor_state=self.predictor_state)
         if credit.predictor_state is not None:
             self.predictor_state = credit.predictor_state

@@ -1,11 +1,6 @@
-"""Keyed Gumbel noise: sampling noise addressed by a :class:`~twice_envs.keys.NoiseKey`.
+"""The noise generator: Philox4x32-10 words, uniforms and Gumbel noise at a key.
 
-A sampled token is ``argmax_v [logits_v / tau + g_v]`` over the top-p nucleus, where
-``g_v`` is standard Gumbel noise read from a counter-based generator at an address
-that depends only on the token's key, never on how many numbers were drawn before.
-Two rollouts that read the same key therefore share their luck exactly.
-
-Generator (bit-exact in every backend):
+Bit-exact in every backend:
 
 * Philox4x32-10 (Random123), ``philox(counter: 4 x uint32, key: 2 x uint32) -> 4 x uint32``.
 * Per-token key: the first two words of
@@ -22,31 +17,21 @@ Numpy functions (``*_np``, :func:`philox4x32_10`) are the reference; the torch
 functions run the same arithmetic on CPU or CUDA with int64 tensors (torch has no
 uint32 multiply-high: a 32x32-bit product is formed in int64, where it wraps modulo
 2**64 and keeps its low 64 bits exactly, and the high word is recovered by an
-arithmetic shift and a mask).
-
-This module is the one sampler core: every backend (transformers, vLLM's V1 and V2
-processor interfaces, the toy envs) is a thin adapter that keeps one :class:`KeyState`
-per row (key modes, line/pos advance) and runs :func:`keyed_choice` per step.
-
-Sampling (:func:`keyed_sample`, :func:`keyed_choice`) and its distribution
-(:func:`sampling_logprobs`) share one definition of the top-p nucleus, see :func:`nucleus_mask`. Sampling forms
-``logits / tau + g`` in float64 and, by default, computes noise only for the tokens
-that the bounded noise lets win (an exact shortcut, proved below). The words are
-bit-identical across backends; the float64 Gumbel values may differ in the last bit
-(each backend's ``log``), so two backends can only disagree on a token when two
-candidates tie to within ~1e-15.
+arithmetic shift and a mask). The words are bit-identical across backends; the
+float64 Gumbel values may differ in the last bit (each backend's ``log``).
 
 Speed (``twice bench noise``): the torch block kernel runs Philox as five tensor ops
 per round on stacked ``(2, batch, chunk)`` int64 buffers, cache-sized chunks, with
-reused scratch memory; see the benchmark for the ratio to ``torch.rand``.
+reused scratch memory; see the benchmark for the ratio to ``torch.rand``. The kernel's
+pieces (:class:`_Block`, the word-to-noise transforms) are shared with the keyed argmax
+of :mod:`twice_envs.noise.sampling`.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -59,31 +44,21 @@ __all__ = [
     "G_MAX",
     "G_MIN",
     "G_RANGE",
-    "KEY_MODES",
-    "KeyState",
-    "KeyedChoice",
-    "NGRAM",
-    "advance_line_pos",
+    "MASK32",
+    "PHILOX_M0",
+    "PHILOX_M1",
+    "PHILOX_ROUNDS",
+    "PHILOX_W0",
+    "PHILOX_W1",
+    "ROW_FIELDS",
     "gumbel_np",
     "gumbel_torch",
     "key_rows",
     "key_tensor",
-    "newline_token_mask",
-    "SKIP_GAP",
-    "keyed_sample",
-    "keyed_choice",
-    "keyed_sample_np",
-    "ngram_hash",
-    "nucleus_mask",
-    "nucleus_mask_np",
     "philox4x32_10",
     "philox4x32_10_torch",
     "philox_words_np",
     "philox_words_torch",
-    "sampling_logprobs",
-    "sampling_logprobs_np",
-    "seed_words",
-    "state_rows",
     "token_key",
     "token_keys_np",
     "token_keys_torch",
@@ -102,13 +77,14 @@ MASK32 = UINT32_MAX
 
 #: Bounds of the noise. ``w`` ranges over ``[0, 2**32 - 1]``, so ``u`` over
 #: ``[2**-33, 1 - 2**-33]``; ``g = -log(-log(u))`` is increasing in ``u``, hence
-#: ``G_MIN = -log(33 ln 2) ~ -3.1346`` and ``G_MAX = -log(-log1p(-2**-33)) ~ 22.8739``
+#: ``G_MIN = -log(33 ln 2) ~ -3.1300`` and ``G_MAX = -log(-log1p(-2**-33)) ~ 22.8739``
 #: (``-log1p(-x) = x + x**2/2 + ...``, so ``G_MAX`` is ``33 ln 2`` up to ``2**-34``).
 G_MIN: float = -math.log(33.0 * math.log(2.0))
 G_MAX: float = -math.log(-math.log1p(-(2.0**-33)))
 #: Widest possible gap between two noise values.
 G_RANGE: float = G_MAX - G_MIN
 
+#: The entries of a key row.
 ROW_FIELDS = ("seed_lo32", "seed_hi32", "turn", "branch", "line", "pos")
 
 
@@ -503,6 +479,11 @@ def _scatter_words(slots: "torch.Tensor", out: "torch.Tensor", negate: bool = Fa
             out[..., word].copy_(slots[slot])
 
 
+def _chunk_calls(B: int, Q: int) -> int:
+    """Philox calls per row in one chunk of the block kernel (``Q`` calls per row in all)."""
+    return min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
+
+
 def _chunks(B: int, Q: int):
     step = max(1, min(Q, _CHUNK_CALLS // max(B, 1)))
     for s in range(0, Q, step):
@@ -520,7 +501,7 @@ def philox_words_torch(
         return _candidate_words(keys, _check_ids(token_ids, B, V))
     Q = (V + 3) // 4
     out = torch.empty((B, Q, 4), dtype=torch.int64, device=keys.device)
-    block = _Block(keys, min(Q, max(1, _CHUNK_CALLS // max(B, 1))))
+    block = _Block(keys, _chunk_calls(B, Q))
     for s, e in _chunks(B, Q):
         slots = block.run(s, e)
         slots[2:4].bitwise_and_(MASK32)
@@ -620,7 +601,7 @@ def gumbel_torch(
         g = _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=w.device))
         return g.to(dtype)
     Q = (V + 3) // 4
-    n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
+    n_max = _chunk_calls(B, Q)
     block = _Block(keys, n_max)
     f64 = _scratch("f64", 4 * B * n_max, torch.float64, keys.device)
     low = _scratch("low", 4 * B * n_max, dtype, keys.device) if dtype != torch.float64 else None
@@ -644,411 +625,3 @@ def gumbel_torch(
 
 def _trim(block: "torch.Tensor", V: int) -> "torch.Tensor":
     return block if block.shape[1] == V else block[:, :V].contiguous()
-
-
-# --------------------------------------------------------------------------- sampling
-#
-# The nucleus. Let s = logits / tau (float64) and p = softmax(s). Rank the tokens by s,
-# highest first, equal s by lower token id (p is increasing in s, so this is the order
-# by probability, with ties broken exactly). The nucleus is the shortest prefix of this
-# ranking whose mass is >= top_p: the token of rank r is in it iff the mass of the
-# tokens ranked before it is < top_p. The first token is always in it; top_p >= 1 keeps
-# every token. Masses are computed in float64 as exp(s - max s) against top_p * sum,
-# which is what both :func:`keyed_sample` and :func:`sampling_logprobs` use, so a sample
-# always lies in the support those log-probs describe.
-
-
-def _check_sampling(temperature: float, top_p: float) -> None:
-    if not temperature >= 0.0 or math.isinf(temperature):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must lie in (0, 1], got {top_p!r}")
-
-
-def nucleus_mask(logits: "torch.Tensor", temperature: float = 1.0, top_p: float = 1.0) -> "torch.Tensor":
-    """Boolean ``(B, V)`` mask of the top-p nucleus of ``softmax(logits / temperature)``.
-
-    See the definition above; temperature 0 (greedy) gives the single argmax token.
-    """
-    torch = _torch()
-    _check_sampling(temperature, top_p)
-    if temperature == 0.0:
-        mask = torch.zeros(logits.shape, dtype=torch.bool, device=logits.device)
-        return mask.scatter_(-1, logits.argmax(-1, keepdim=True), True)
-    if top_p >= 1.0:
-        return torch.ones(logits.shape, dtype=torch.bool, device=logits.device)
-    s = logits.detach().to(torch.float64) / temperature
-    return _nucleus_of_scaled(s, top_p)
-
-
-def _nucleus_of_scaled(s: "torch.Tensor", top_p: float) -> "torch.Tensor":
-    torch = _torch()
-    vals, order = torch.sort(s, dim=-1, descending=True, stable=True)
-    e = torch.exp(vals - vals[:, :1])
-    before = torch.cumsum(e, dim=-1) - e  # mass ranked strictly before each token
-    before[:, 0] = 0.0
-    keep = before < top_p * e.sum(dim=-1, keepdim=True)
-    return torch.zeros_like(keep).scatter_(-1, order, keep)
-
-
-def sampling_logprobs(logits: "torch.Tensor", temperature: float = 1.0, top_p: float = 1.0) -> "torch.Tensor":
-    """Log-probabilities ``(B, V)`` of the distribution :func:`keyed_sample` draws from.
-
-    ``log_softmax(logits / temperature)`` renormalised over the nucleus, ``-inf`` outside
-    it; temperature 0 gives 0 at the argmax and ``-inf`` elsewhere. Differentiable in
-    ``logits``; computed in float64 and returned in the dtype of ``logits``.
-    """
-    torch = _torch()
-    mask = nucleus_mask(logits, temperature, top_p)
-    out_dtype = logits.dtype if logits.dtype.is_floating_point else torch.float32
-    if temperature == 0.0:
-        zero = torch.zeros((), dtype=out_dtype, device=logits.device)
-        return torch.where(mask, zero, torch.full_like(zero, -math.inf))
-    s = logits.to(torch.float64) / temperature
-    s = torch.where(mask, s, torch.full_like(s, -math.inf))
-    return torch.log_softmax(s, dim=-1).to(out_dtype)
-
-
-# Why noise may be skipped (the exact shortcut of keyed_sample).
-#
-# Bound. w is an integer in [0, 2**32 - 1], so u = (w + 0.5) / 2**32 (exact in float64)
-# lies in [2**-33, 1 - 2**-33], and g = -log(-log(u)) is increasing in u: every noise
-# value lies in [G_MIN, G_MAX] = [g(w=0), g(w=2**32-1)] ~ [-3.1300, 22.8739]. The
-# float64 logs are accurate to a few ulps, so computed values stray outside by < 1e-13.
-#
-# Claim. Let m be a token with the largest scaled logit s_m = x_m / tau. A token v with
-# s_v < s_m - G_RANGE can never be the argmax of s + g, whatever the keys:
-#     s_v + g_v <= s_v + G_MAX < s_m - G_RANGE + G_MAX = s_m + G_MIN <= s_m + g_m,
-# so v is strictly behind m and needs no noise.
-#
-# In floating point. Candidates are the v with x_v >= thr_x, where thr_x is
-# x_max - tau * SKIP_GAP (SKIP_GAP = G_RANGE + _SKIP_MARGIN) computed in float64 and
-# then rounded *down* into the dtype of x; so every skipped token has
-# x_v / tau < x_max / tau - G_RANGE - _SKIP_MARGIN in exact arithmetic. Forming
-# s = x / tau in float64 (relative error 2**-53), the computed noise (error < 1e-13)
-# and the sums s + g (relative error 2**-53) all move values by far less than
-# _SKIP_MARGIN for any |s| < 1e11, so a skipped token stays strictly behind m in the
-# computed sums as well: the argmax over the candidates is the argmax over the full
-# block (tests check both paths agree, including logits placed on the boundary).
-_SKIP_MARGIN = 1e-3
-#: Scaled logits more than this far below the row maximum never win the keyed argmax.
-SKIP_GAP: float = G_RANGE + _SKIP_MARGIN
-# The candidate path does one Philox call per candidate instead of one per 4 ids; it
-# pays when candidates are a small share of the block.
-_CANDIDATE_SHARE = 1.0 / 16.0
-
-
-def keyed_sample(
-    logits: "torch.Tensor",
-    key_rows: "torch.Tensor",
-    *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-    shortcut: bool = True,
-) -> "torch.Tensor":
-    """Sample one token per row: ``argmax_v [logits_v / temperature + g_v]`` over the nucleus.
-
-    ``g`` is the keyed Gumbel noise of ``key_rows`` ``(B, 6)``; the result ``(B,)`` int64 is
-    an exact draw from ``exp(sampling_logprobs(logits, temperature, top_p))`` that
-    depends on the keys only. Temperature 0 or ``greedy=True`` is the plain argmax
-    (lowest id on ties). With ``shortcut`` (default) noise is only computed for tokens
-    within ``SKIP_GAP`` of the row maximum, which gives the same token (see the proof
-    above); ``shortcut=False`` computes the full block.
-    """
-    torch = _torch()
-    _check_sampling(temperature, top_p)
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (B, V), got {tuple(logits.shape)}")
-    B, V = logits.shape
-    if key_rows.shape[0] != B:
-        raise ValueError(f"key_rows has {key_rows.shape[0]} rows for {B} rows of logits")
-    with torch.no_grad():
-        if greedy or temperature == 0.0:
-            return logits.argmax(dim=-1)
-        key_rows = key_rows.to(logits.device)
-        x = logits.detach()
-        if x.dtype not in (torch.float32, torch.float64):
-            x = x.float()  # exact for half types
-        scale = float(temperature)  # s = x / scale, always formed in float64
-        if top_p < 1.0:
-            x = x.to(torch.float64) / scale
-            x.masked_fill_(~_nucleus_of_scaled(x, top_p), -math.inf)
-            scale = 1.0
-        if shortcut:
-            # s_v >= s_max - SKIP_GAP  <=>  x_v >= x_max - scale * SKIP_GAP; the threshold
-            # is rounded down into x's dtype, so the candidates can only be more.
-            thr = x.amax(dim=-1, keepdim=True).to(torch.float64) - scale * SKIP_GAP
-            thr_x = thr.to(x.dtype)
-            thr_x = torch.where(thr_x.to(torch.float64) > thr, torch.nextafter(thr_x, torch.full_like(thr_x, -math.inf)), thr_x)
-            cand = x >= thr_x
-            if int(cand.sum()) <= _CANDIDATE_SHARE * B * V:
-                rows, cols = cand.nonzero(as_tuple=True)  # row-major: ids ascending in a row
-                s = x[rows, cols].to(torch.float64) / scale
-                return _argmax_candidates(s, rows, cols, key_rows, B, V)
-        return _argmax_full(x, scale, key_rows)
-
-
-def _argmax_candidates(s, rows, cols, key_rows, B: int, V: int) -> "torch.Tensor":
-    """Per row, the candidate with the largest ``s + g`` (lowest id on ties)."""
-    torch = _torch()
-    keys = token_keys_torch(key_rows).to(s.device)
-    w = _words_at(keys[rows], cols)
-    val = s + _words_to_gumbel(w, torch.empty(w.shape, dtype=torch.float64, device=s.device))
-    best = torch.full((B,), -math.inf, dtype=torch.float64, device=s.device)
-    best.scatter_reduce_(0, rows, val, reduce="amax")
-    win = val == best[rows]
-    out = torch.full((B,), V, dtype=torch.int64, device=s.device)
-    out.scatter_reduce_(0, rows[win], cols[win], reduce="amin")
-    return out.masked_fill_(out == V, 0)  # a row of -inf logits: id 0, like argmax
-
-
-def _argmax_full(x: "torch.Tensor", scale: float, key_rows: "torch.Tensor") -> "torch.Tensor":
-    """``argmax_v (x_v / scale + g_v)`` with the full noise block, chunk by chunk (float64)."""
-    torch = _torch()
-    keys = token_keys_torch(key_rows).to(x.device)
-    B, V = x.shape
-    Q = (V + 3) // 4
-    n_max = min(Q, max(1, _CHUNK_CALLS // max(B, 1)))
-    block = _Block(keys, n_max)
-    g_slots = _scratch("f64", 4 * B * n_max, torch.float64, x.device)
-    g_words = _scratch("f64b", 4 * B * n_max, torch.float64, x.device)
-    val = _scratch("f64c", 4 * B * n_max, torch.float64, x.device).view(B, 4 * n_max)
-    best = torch.full((B,), -math.inf, dtype=torch.float64, device=x.device)
-    best_id = torch.zeros(B, dtype=torch.int64, device=x.device)
-    for s, e in _chunks(B, Q):
-        n, lo, hi = e - s, 4 * s, min(V, 4 * e)
-        slots = block.run(s, e)
-        slots[2:4].bitwise_and_(MASK32)
-        h = _words_to_neglog_u(slots, g_slots[: 4 * B * n].view(4, B, n)).log_()
-        gw = g_words[: 4 * B * n].view(B, n, 4)
-        _scatter_words(h, gw, negate=True)
-        v = val[:, : hi - lo]
-        v.copy_(x[:, lo:hi])
-        if scale != 1.0:
-            v.div_(scale)
-        v.add_(gw.reshape(B, 4 * n)[:, : hi - lo])
-        m, i = v.max(dim=-1)
-        better = m > best  # strict: an earlier chunk (lower ids) keeps a tie
-        best = torch.where(better, m, best)
-        best_id = torch.where(better, i + lo, best_id)
-    return best_id
-
-
-# --------------------------------------------------------------------------- numpy sampling
-
-
-def nucleus_mask_np(logits: np.ndarray, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
-    """Numpy reference of :func:`nucleus_mask`."""
-    _check_sampling(temperature, top_p)
-    logits = np.asarray(logits)
-    if temperature == 0.0:
-        mask = np.zeros(logits.shape, dtype=bool)
-        np.put_along_axis(mask, logits.argmax(-1)[:, None], True, axis=-1)
-        return mask
-    if top_p >= 1.0:
-        return np.ones(logits.shape, dtype=bool)
-    s = logits.astype(np.float64) / temperature
-    order = np.argsort(-s, axis=-1, kind="stable")
-    vals = np.take_along_axis(s, order, axis=-1)
-    e = np.exp(vals - vals[:, :1])
-    before = np.cumsum(e, axis=-1) - e
-    before[:, 0] = 0.0
-    keep = before < top_p * e.sum(axis=-1, keepdims=True)
-    mask = np.zeros_like(keep)
-    np.put_along_axis(mask, order, keep, axis=-1)
-    return mask
-
-
-def sampling_logprobs_np(logits: np.ndarray, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
-    """Numpy reference of :func:`sampling_logprobs` (float64)."""
-    mask = nucleus_mask_np(logits, temperature, top_p)
-    if temperature == 0.0:
-        return np.where(mask, 0.0, -np.inf)
-    s = np.where(mask, np.asarray(logits, dtype=np.float64) / temperature, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    return s - m - np.log(np.exp(s - m).sum(axis=-1, keepdims=True))
-
-
-def keyed_sample_np(
-    logits: np.ndarray, key_rows: np.ndarray, temperature: float = 1.0, top_p: float = 1.0
-) -> np.ndarray:
-    """Numpy reference of :func:`keyed_sample` (full noise block, float64): ``(B,)`` int64."""
-    logits = np.asarray(logits)
-    _check_sampling(temperature, top_p)
-    if temperature == 0.0:
-        return logits.argmax(-1).astype(np.int64)
-    s = logits.astype(np.float64) / temperature
-    s = np.where(nucleus_mask_np(logits, temperature, top_p), s, -np.inf)
-    return (s + gumbel_np(key_rows, s.shape[1])).argmax(-1).astype(np.int64)
-
-
-# --------------------------------------------------------------------------- sampling step
-
-
-class KeyedChoice(NamedTuple):
-    """One sampling step of a batch: the emitted tokens and their statistics (all ``(B,)``)."""
-
-    tokens: "torch.Tensor"
-    """The emitted token of every row (int64)."""
-    logprobs: "torch.Tensor"
-    """Log-prob of each emitted token under the sampling distribution (float64)."""
-    entropy: "torch.Tensor"
-    """Entropy of each row's sampling distribution (float64)."""
-
-
-def keyed_choice(
-    logits: "torch.Tensor",
-    key_rows: "torch.Tensor",
-    *,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    greedy: bool = False,
-) -> KeyedChoice:
-    """:func:`keyed_sample` together with the log-prob of each token and the entropy.
-
-    The one sampling step every backend adapter runs (transformers, vLLM, the toy envs):
-    the nucleus is computed once and shared by the sample and its log-probs, so a token
-    always lies in the support its log-prob describes. Tokens are exactly those of
-    ``keyed_sample(logits, key_rows, temperature=..., top_p=...)`` (the scaled float64
-    logits are formed by the same operations); ``greedy`` emits the plain argmax and
-    still reports the sampling distribution's log-prob.
-    """
-    torch = _torch()
-    _check_sampling(temperature, top_p)
-    if temperature == 0.0:
-        raise ValueError("keyed_choice needs temperature > 0 (use greedy=True for the argmax)")
-    if logits.dim() != 2:
-        raise ValueError(f"logits must be (B, V), got {tuple(logits.shape)}")
-    with torch.no_grad():
-        s = logits.detach().to(torch.float64) / float(temperature)
-        if top_p < 1.0:
-            s.masked_fill_(~_nucleus_of_scaled(s, top_p), -math.inf)
-        if greedy:
-            tokens = s.argmax(dim=-1)
-        else:
-            # s is already scaled and restricted, so keyed_sample adds nothing to it
-            tokens = keyed_sample(s, key_rows, temperature=1.0, top_p=1.0)
-        logp = torch.log_softmax(s, dim=-1)
-        p = logp.exp()
-        entropy = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
-        return KeyedChoice(tokens, logp.gather(-1, tokens[:, None]).squeeze(-1), entropy)
-
-
-# --------------------------------------------------------------------------- line / pos
-
-
-def advance_line_pos(line: int, pos: int, token_has_newline: bool) -> Tuple[int, int]:
-    """The ``(line, pos)`` of the next token after emitting one.
-
-    A token whose text contains a newline ends its line: the next token starts at
-    ``(line + 1, 0)``; any other token moves on to ``(line, pos + 1)``.
-    """
-    return (line + 1, 0) if token_has_newline else (line, pos + 1)
-
-
-def newline_token_mask(token_texts: Sequence[str]) -> np.ndarray:
-    """``mask[v]`` is True when the text of token ``v`` contains a newline."""
-    return np.fromiter(("\n" in t for t in token_texts), dtype=bool, count=len(token_texts))
-
-
-# --------------------------------------------------------------------------- per-row key state
-
-#: How the key of each generated token is formed from the turn's key base (see :class:`KeyState`).
-KEY_MODES = ("line", "flat", "counter", "ngram")
-#: Context length of the ``ngram`` key mode.
-NGRAM = 4
-
-
-def seed_words(seed: int) -> Tuple[int, int]:
-    """``(seed_lo32, seed_hi32)`` of a 64-bit episode seed."""
-    seed = int(seed)
-    if not 0 <= seed <= UINT64_MAX:
-        raise ValueError(f"episode_seed must be a uint64, got {seed}")
-    return seed & MASK32, seed >> 32
-
-
-def ngram_hash(tokens: Sequence[int]) -> int:
-    """32-bit FNV-1a hash of the little-endian bytes of the last :data:`NGRAM` token ids.
-
-    Process-independent (no Python ``hash``), so an ``ngram`` key is the same in every backend.
-    """
-    h = 0x811C9DC5
-    for t in list(tokens)[-NGRAM:]:
-        for shift in (0, 8, 16, 24):
-            h ^= (int(t) >> shift) & 0xFF
-            h = (h * 0x01000193) & MASK32
-    return h
-
-
-@dataclass
-class KeyState:
-    """The key state of one row while it generates a turn: the next token's key row.
-
-    Key modes (:data:`KEY_MODES`), for a turn with key base ``(seed, turn, branch)``:
-
-    * ``line`` (default, DESIGN section 2): ``(seed, turn, branch, line, pos)``, where
-      ``line`` counts tokens with a newline emitted in the turn and ``pos`` is the
-      position inside the line (:func:`advance_line_pos`), so a twin whose turn
-      re-synchronises at a newline reads the factual noise from the next line on.
-    * ``flat``: ``(seed, turn, branch, 0, tokens emitted in the turn)``.
-    * ``counter``: ``(seed, 0, branch, 0, token_counter + tokens emitted)``: one running
-      counter per episode (an ablation: a twin's different turn length shifts all later noise).
-    * ``ngram``: ``(seed, ngram_hash(last NGRAM tokens), branch, 0, 0)``: inexact (keys
-      repeat when a context repeats); an ablation only.
-
-    Plain Python, one object per row (or per vLLM request): it moves with its row
-    whatever batch the row sits in.
-    """
-
-    key: NoiseKey
-    """Key base of the turn (the env's ``info["noise_key"]``; its line/pos are ignored)."""
-    mode: str = "line"
-    """One of :data:`KEY_MODES`."""
-    token_counter: int = 0
-    """Tokens generated earlier in the episode (``counter`` mode)."""
-    context: Sequence[int] = ()
-    """The prompt's last tokens (``ngram`` mode; only the last :data:`NGRAM` are kept)."""
-    line: int = 0
-    """Newline tokens emitted in the turn so far."""
-    pos: int = 0
-    """Position of the next token inside its line."""
-    emitted: int = 0
-    """Tokens emitted in the turn so far."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in KEY_MODES:
-            raise ValueError(f"key_mode must be one of {KEY_MODES}, got {self.mode!r}")
-        seed, turn, branch = (int(v) for v in tuple(self.key)[:3])
-        self._lo, self._hi = seed_words(seed)
-        for name, value in (("turn", turn), ("branch", branch), ("token_counter", self.token_counter)):
-            if not 0 <= int(value) <= MASK32:
-                raise ValueError(f"{name} must lie in [0, 2**32), got {value}")
-        self.key = NoiseKey(seed, turn, branch)
-        self.context = [int(t) for t in self.context][-NGRAM:]
-
-    def row(self) -> Tuple[int, int, int, int, int, int]:
-        """The key row ``[seed_lo32, seed_hi32, turn, branch, line, pos]`` of the next token."""
-        k = self.key
-        if self.mode == "line":
-            return (self._lo, self._hi, k.turn, k.branch, self.line, self.pos)
-        if self.mode == "flat":
-            return (self._lo, self._hi, k.turn, k.branch, 0, self.emitted)
-        if self.mode == "counter":
-            return (self._lo, self._hi, 0, k.branch, 0, (self.token_counter + self.emitted) & MASK32)
-        return (self._lo, self._hi, ngram_hash(self.context), k.branch, 0, 0)
-
-    def advance(self, token: int, has_newline: bool) -> None:
-        """Move past the token just emitted (``has_newline``: its text contains a newline)."""
-        self.line, self.pos = advance_line_pos(self.line, self.pos, bool(has_newline))
-        self.emitted += 1
-        if self.mode == "ngram":
-            self.context = (list(self.context) + [int(token)])[-NGRAM:]
-
-
-def state_rows(states: Sequence[KeyState]) -> np.ndarray:
-    """The ``(B, 6)`` int64 key rows of the next token of every state."""
-    rows = np.empty((len(states), 6), dtype=np.int64)
-    for i, st in enumerate(states):
-        rows[i] = st.row()
-    return rows

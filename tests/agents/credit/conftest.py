@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from twice_envs.agents import toy
 from twice_envs.agents.credit.predictor import decision_index
+from twice_envs.agents.lab import toy
 
 
 @pytest.fixture(scope="package")

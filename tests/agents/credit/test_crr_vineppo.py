@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from twice_envs.agents import toy
 from twice_envs.agents.credit import crr, vineppo
 from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.lab import toy
 
 from .stats_helpers import bias_z_scores, chi2_upper_z, decision_types
 

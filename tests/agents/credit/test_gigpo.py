@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from twice_envs.agents.credit import gigpo
+from twice_envs.agents.credit import gigpo, registry
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.keys import NoiseKey
 
@@ -88,18 +88,19 @@ def test_group_normalize_rejects_bad_input():
 
 def test_trainer_uses_gigpo(tmp_path, monkeypatch):
     """``twice train --method gigpo`` routes the factual batch through :func:`gigpo.gigpo_credit`."""
-    from twice_envs.agents import train as train_mod
+    from twice_envs.agents.training import trainer as train_mod
 
     from ..train_helpers import small_policy, toy_config
 
     calls = []
+    real = gigpo.gigpo_credit
 
     def spy(episodes, config=gigpo.GiGPOConfig()):
         calls.append(len(episodes))
-        return gigpo.gigpo_credit(episodes, config)
+        return real(episodes, config)
 
-    monkeypatch.setattr(train_mod, "gigpo_credit", spy)
-    assert "gigpo" in train_mod.METHODS
+    monkeypatch.setattr(gigpo, "gigpo_credit", spy)
+    assert "gigpo" in registry.methods()
     m = train_mod.train(toy_config(tmp_path, method="gigpo", updates=1), policy=small_policy(0), progress=False)[0]
     assert calls == [9]  # 3 tasks x G = 3
     assert m["method"] == "gigpo" and m["aux_tokens"] == 0 and m["generated_tokens"] > 0

@@ -11,11 +11,20 @@ from omegaconf import OmegaConf  # noqa: E402
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, DictConfigWrap  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from twice_envs.agents.policy import GenerationRequest, SamplingConfig  # noqa: E402
-from twice_envs.agents.rollout import BranchRequest, Task, branch_rollouts, rollout  # noqa: E402
+from twice_envs.agents.rollout.episodes import (  # noqa: E402
+    BranchRequest,
+    Task,
+    branch_rollouts,
+    rollout,
+)
+from twice_envs.agents.sampling.policy import GenerationRequest, SamplingConfig  # noqa: E402
 from twice_envs.integrations.episodes import response_row  # noqa: E402
 from twice_envs.integrations.verl import estimators as est  # noqa: E402
-from twice_envs.integrations.verl.agent_loop import ServerPolicy, TwiceAgentLoop, task_extra_info  # noqa: E402
+from twice_envs.integrations.verl.agent_loop import (  # noqa: E402
+    ServerPolicy,
+    TwiceAgentLoop,
+    task_extra_info,
+)
 from twice_envs.keys import NoiseKey  # noqa: E402
 
 TASK = Task(2, {"split": "train", "index": 2})
@@ -42,7 +51,7 @@ class KeyedStubServer:
 
 @pytest.fixture(scope="module")
 def tiny():
-    from twice_envs.agents.models import load_policy
+    from twice_envs.agents.models.load import load_policy
 
     return load_policy("tiny")
 

@@ -1,6 +1,5 @@
 """The twice_envs verl trainer hands the agent loop's per-turn fields to the estimator."""
 
-import numpy as np
 import pytest
 
 pytest.importorskip("verl")
@@ -10,7 +9,6 @@ torch = pytest.importorskip("torch")
 from omegaconf import OmegaConf  # noqa: E402
 from tensordict import NonTensorStack, TensorDict  # noqa: E402
 
-from twice_envs.integrations.verl import estimators as est  # noqa: E402
 from twice_envs.integrations.verl import trainer as trainer_mod  # noqa: E402
 
 from .test_estimators import _batch, _expected_tokens, _twin_credit, _verl_inputs  # noqa: E402

@@ -27,7 +27,8 @@ from twice_envs.core import Protocol, TextEnv
 from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.envs.admissible import with_actions
 from twice_envs.envs.alfworld import engine as _engine
-from twice_envs.envs.alfworld.games import GameEntry, list_games, load_game, resolve_task_types
+from twice_envs.envs.alfworld.games import GameEntry, list_games, load_game
+from twice_envs.envs.alfworld.tasks import resolve_task_types
 
 INSTRUCTIONS = (
     "You are in a household. Complete the task given at the end of the first observation by typing "

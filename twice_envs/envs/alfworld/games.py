@@ -28,20 +28,34 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Union
 
 from twice_envs.errors import DataFormatError, TwiceError
 
 from twice_envs.envs.alfworld.engine import GameData
+from twice_envs.envs.alfworld.tasks import TASK_TYPES, goal_sentence, resolve_task_types
 
-TASK_TYPES: tuple[str, ...] = (
-    "pick_and_place_simple",
-    "look_at_obj_in_light",
-    "pick_clean_then_place_in_recep",
-    "pick_heat_then_place_in_recep",
-    "pick_cool_then_place_in_recep",
-    "pick_two_obj_and_place",
-)
+__all__ = [
+    "BUNDLED_DIR",
+    "BUNDLED_FORMAT",
+    "DATA_ENV_VAR",
+    "GAME_CACHE_SIZE",
+    "GAME_FILE",
+    "GOAL_PLACEHOLDER",
+    "GameEntry",
+    "SPLITS",
+    "TASK_TYPES",
+    "alfworld_data_file",
+    "assemble",
+    "grammar_with_goal",
+    "list_games",
+    "load_authored",
+    "load_game",
+    "load_real_game",
+    "resolve_data_dir",
+    "resolve_task_types",
+]
+
 SPLITS: tuple[str, ...] = ("train", "valid_seen", "valid_unseen")
 #: Folder of the bundled games (one JSON file of authored content per game).
 BUNDLED_DIR = Path(__file__).resolve().parent / "bundled"
@@ -70,33 +84,6 @@ class GameEntry:
     path: str
     task_type: str
     bundled: bool
-
-
-def resolve_task_types(task_types: Union[None, str, int, Sequence[Union[str, int]]]) -> tuple[str, ...]:
-    """Normalise a task-type selection (names, or ALFWorld's ids 1-6) to names in canonical order."""
-    if task_types is None:
-        return TASK_TYPES
-    if isinstance(task_types, (str, int)):
-        task_types = [task_types]
-    chosen = set()
-    for t in task_types:
-        if isinstance(t, bool) or not isinstance(t, (str, int)):
-            raise ValueError(f"task types are names or ids 1-6, got {t!r}")
-        if isinstance(t, int):
-            if not 1 <= t <= len(TASK_TYPES):
-                raise ValueError(f"unknown ALFWorld task type id {t}: ids are 1-6 ({', '.join(TASK_TYPES)})")
-            chosen.add(TASK_TYPES[t - 1])
-        elif t in TASK_TYPES:
-            chosen.add(t)
-        else:
-            import difflib
-
-            close = difflib.get_close_matches(t, TASK_TYPES, n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise ValueError(f"unknown ALFWorld task type {t!r}.{hint} Known: {', '.join(TASK_TYPES)}")
-    if not chosen:
-        raise ValueError(f"task_types selects no task type; choose from {', '.join(TASK_TYPES)}")
-    return tuple(t for t in TASK_TYPES if t in chosen)
 
 
 # ---------------------------------------------------------------------------- engine files
@@ -215,8 +202,6 @@ def load_real_game(entry: GameEntry) -> GameData:
 
 
 def _default_goal(task_type: str, params: dict) -> str:
-    from twice_envs.envs.alfworld.generator import goal_sentence
-
     obj = str(params.get("object_target", "object")).lower()
     recep = str(params.get("parent_target", "receptacle")).lower()
     toggle = str(params.get("toggle_target", "desklamp")).lower()

@@ -19,7 +19,6 @@ other split uses: drawn rooms equal to one of them are drawn again.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.envs.alfworld.games import TASK_TYPES
+from twice_envs.keys import stable_seed
+from twice_envs.envs.alfworld.engine import POOL, GameData
+from twice_envs.envs.alfworld.games import BUNDLED_DIR, BUNDLED_FORMAT, alfworld_data_file, grammar_with_goal
+from twice_envs.envs.alfworld.tasks import TASK_TYPES, goal_sentence
 
 # ---------------------------------------------------------------------------- world facts
 #: Receptacle types that open and close.
@@ -205,7 +207,7 @@ def drawn_layout(name: str) -> Layout:
         raise ValueError(f"not a drawn room name: {name!r} (expected <kind>-room<i>, kind one of {tuple(ROOM_KINDS)})")
     counts, objects = ROOM_KINDS[kind]
     for attempt in range(100):
-        rng = np.random.default_rng(_stable_seed("room", name, attempt))
+        rng = np.random.default_rng(stable_seed("room", name, attempt))
         receptacles = tuple((t, int(rng.integers(lo, hi + 1))) for t, (lo, hi) in counts.items())
         receptacles = tuple((t, c) for t, c in receptacles if c > 0)
         if frozenset(receptacles) in _HELD_OUT_ROOMS:
@@ -227,36 +229,6 @@ def drawn_rooms(rooms: int) -> dict[str, tuple[str, ...]]:
 def layout_named(name: str) -> Layout:
     """A fixed layout of :data:`LAYOUTS` or a drawn room (:func:`drawn_layout`)."""
     return LAYOUTS[name] if name in LAYOUTS else drawn_layout(name)
-
-_GOALS = {
-    "pick_and_place_simple": ("move {a_obj} to the {recep}", "place {a_obj} in the {recep}"),
-    "look_at_obj_in_light": ("look at the {obj} under the light of the {toggle}", "hold {a_obj} and switch on the {toggle}"),
-    "pick_clean_then_place_in_recep": ("clean {a_obj} and place it in the {recep}", "put a washed {obj} in the {recep}"),
-    "pick_heat_then_place_in_recep": ("heat {a_obj} and place it in the {recep}", "put a warmed {obj} in the {recep}"),
-    "pick_cool_then_place_in_recep": ("cool {a_obj} and place it in the {recep}", "put a chilled {obj} in the {recep}"),
-    "pick_two_obj_and_place": ("place two {objs} in the {recep}", "move two {objs} to the {recep}"),
-}
-
-
-_IRREGULAR_PLURALS = {"knife": "knives", "cloth": "cloths"}
-
-
-def _plural(word: str) -> str:
-    if word in _IRREGULAR_PLURALS:
-        return _IRREGULAR_PLURALS[word]
-    return word + ("es" if word.endswith(("s", "sh", "ch", "x", "o")) else "s")
-
-
-def _with_article(word: str) -> str:
-    return ("an " if word[:1] in "aeiou" else "a ") + word
-
-
-def goal_sentence(task_type: str, obj: str, recep: str, toggle: str = "desklamp", variant: int = 0) -> str:
-    """The task sentence of a game (lower-case type names, as ALFWorld shows them)."""
-    templates = _GOALS[task_type]
-    return templates[variant % len(templates)].format(
-        obj=obj, a_obj=_with_article(obj), objs=_plural(obj), recep=recep, toggle=toggle
-    )
 
 
 # ---------------------------------------------------------------------------- naming
@@ -376,10 +348,6 @@ def problem_pddl(world: _World, name: str, goal: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _stable_seed(*parts: object) -> int:
-    return int.from_bytes(hashlib.sha256("/".join(map(str, parts)).encode()).digest()[:8], "little")
-
-
 def _pick(rng: np.random.Generator, items: Sequence[str]) -> str:
     return items[int(rng.integers(len(items)))]
 
@@ -445,13 +413,10 @@ def game_name(task_type: str, layout_name: str, split: str, k: int) -> str:
 
 def make_game(task_type: str, layout_name: str, split: str, k: int, engine_timeout_s: float = 30.0) -> dict:
     """One verified game (authored content only), deterministic in its arguments."""
-    from twice_envs.envs.alfworld.engine import POOL, GameData
-    from twice_envs.envs.alfworld.games import BUNDLED_FORMAT, alfworld_data_file, grammar_with_goal
-
     layout = layout_named(layout_name)
     name = game_name(task_type, layout_name, split, k)
     for attempt in range(20):
-        rng = np.random.default_rng(_stable_seed(name, attempt))
+        rng = np.random.default_rng(stable_seed(name, attempt))
         try:
             params, placements = _draw_task(task_type, layout, rng)
             world = _build_world(layout, rng, placements)
@@ -535,8 +500,6 @@ def generated_collection(split: str, count: int, rooms: int = 0) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from twice_envs.envs.alfworld.games import BUNDLED_DIR
-
     parser = argparse.ArgumentParser(description="Generate the bundled ALFWorld games (verified by the engine).")
     parser.add_argument("--out", default=str(BUNDLED_DIR), help="output folder (default: the package's bundled/)")
     parser.add_argument("--split", choices=tuple(SPLIT_COUNTS), default=None,

@@ -22,29 +22,32 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 from uuid import uuid4
 
 import numpy as np
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput, register
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopOutput,
+    register,
+)
 
 from twice_envs.agents.credit import crr, predictor
+from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit import twice as twin_credit
-from twice_envs.agents.twins import run_twins
-from twice_envs.agents.policy import Generation, SamplingConfig, cut_at_stop
-from twice_envs.agents.rollout import Task, rollout
+from twice_envs.agents.rollout.episodes import Task, rollout
+from twice_envs.agents.rollout.twins import run_twins
+from twice_envs.agents.sampling.policy import Generation, SamplingConfig, cut_at_stop
+from twice_envs.agents.sampling.vllm import keyed_extra_args
 from twice_envs.agents.types import EpisodeRecord
-from twice_envs.agents.vllm_processor import keyed_extra_args
 from twice_envs.integrations.episodes import response_row
 from twice_envs.integrations.verl import estimators as est
-from twice_envs.keys import UINT64_MAX
+from twice_envs.keys import branch_plan_rng, stable_json_seed
 
 #: the agent name dataset rows use (``agent_name``) to select this loop
 AGENT_NAME = "twice_envs"
-METHODS = ("twice", "crr", "gigpo", "grpo")
 
 
 def task_extra_info(seed: int, options: Optional[dict] = None) -> dict:
@@ -61,13 +64,8 @@ def _task_of(kwargs: dict) -> Task:
     return Task(int(spec["seed"]), dict(spec.get("options") or {}))
 
 
-def _stable_seed(*parts: Any) -> int:
-    h = hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).digest()
-    return int.from_bytes(h[:8], "little") & UINT64_MAX
-
-
 class ServerPolicy:
-    """A :class:`~twice_envs.agents.policy.Policy` over verl's LLM server (keyed ``extra_args`` per request).
+    """A :class:`~twice_envs.agents.sampling.policy.Policy` over verl's LLM server (keyed ``extra_args`` per request).
 
     ``generate`` is synchronous: it is called from a worker thread and waits for
     coroutines it schedules on the agent loop's event loop. Log-probs are the server's
@@ -119,7 +117,7 @@ class TwiceAgentLoop(AgentLoopBase):
     """Plays a ``twice_envs`` task and returns the factual episode with per-turn twin credit.
 
     Settings (keys of the agent loop's YAML entry, beside ``name`` and ``_target_``):
-    ``env_id``, ``env_kwargs``, ``method`` (twice, crr, gigpo or grpo), ``max_turns``,
+    ``env_id``, ``env_kwargs``, ``method`` (a registered credit method verl can run), ``max_turns``,
     ``max_new_tokens`` (per turn), ``twice`` (:class:`TwiceConfig` fields) and ``seed``.
     """
 
@@ -128,8 +126,9 @@ class TwiceAgentLoop(AgentLoopBase):
                  seed: int = 0, **kwargs) -> None:
         kwargs.pop("tools", None)
         super().__init__(*args, **kwargs)
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if method not in est.estimators():
+            raise ValueError(f"method must be a credit method verl can run ({', '.join(est.estimators())}), "
+                             f"got {method!r}")
         self.env_id, self.env_kwargs, self.method = env_id, dict(env_kwargs or {}), method
         self.max_turns, self.max_new_tokens, self.seed = max_turns, int(max_new_tokens), int(seed)
         self.twice_config = replace(twin_credit.TwiceConfig(), **dict(twice or {}))
@@ -138,8 +137,8 @@ class TwiceAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> AgentLoopOutput:
         task = _task_of(kwargs)
         # one noise seed per (prompt uid, session, step): the G sessions of a group get different luck
-        noise_seed = _stable_seed(self.seed, kwargs.get("uid", uuid4().hex), kwargs.get("session_id", 0),
-                                  kwargs.get("global_steps", 0))
+        noise_seed = stable_json_seed(self.seed, kwargs.get("uid", uuid4().hex), kwargs.get("session_id", 0),
+                                      kwargs.get("global_steps", 0))
         sampling = SamplingConfig(temperature=float(sampling_params.get("temperature", 1.0)),
                                   top_p=float(sampling_params.get("top_p", 1.0)), max_new_tokens=self.max_new_tokens,
                                   key_mode=self.twice_config.key_mode)
@@ -158,10 +157,11 @@ class TwiceAgentLoop(AgentLoopBase):
                      noise_seed=noise_seed, max_turns=self.max_turns)[0]
         a_hat = np.zeros(len(ep.turns))
         info = {"twins": 0, "aux_tokens": 0, "branched": []}
-        if self.method not in ("twice", "crr") or not ep.turns:
+        needs = get_method(self.method).needs
+        if not needs & {"twins", "counterfactuals"} or not ep.turns:
             return ep, a_hat, info
-        rng = np.random.default_rng(np.random.SeedSequence([noise_seed & UINT64_MAX, 0x5457494E]))
-        if self.method == "twice":
+        rng = branch_plan_rng(noise_seed)
+        if "twins" in needs:
             cfg = self.twice_config
             eta = predictor.predict(predictor.PredictorState(), predictor.decision_features([ep]))
             plan = twin_credit.plan_branches([ep], cfg, eta, rng, update=update)

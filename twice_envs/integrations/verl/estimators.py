@@ -22,12 +22,14 @@ trajectory term (GRPO's group-normalised utility) and ``gigpo`` raises.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import fields, replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
 from twice_envs.agents.credit import gigpo, twice
+from twice_envs.agents.credit.registry import CreditContext, CreditMethod, get_method, methods
 from twice_envs.agents.credit.crr import crr_config
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.integrations.episodes import token_advantages
@@ -154,14 +156,65 @@ def gigpo_advantages(token_level_rewards, response_mask, index=None, config=None
     return adv, adv
 
 
-#: estimator name -> function, as registered with verl
-ESTIMATORS = {"twice": twin_advantages, "crr": crr_advantages, "gigpo": gigpo_advantages}
+def step_advantages(method: CreditMethod):
+    """A verl estimator for a registered method that needs no auxiliary rollouts: the method's
+    own step on the episodes rebuilt from verl's rows, spread over each turn's tokens."""
+    with_steps = "anchor_groups" in method.needs
+
+    def advantages(token_level_rewards, response_mask, index=None, config=None, *,
+                   extra_fields: Optional[Sequence[dict]] = None, **kwargs):
+        if with_steps and extra_fields is None:
+            raise ValueError(f"the {method.name} estimator needs per-turn observations: run it with "
+                             "trainer.v1.trainer_mode=twice_envs and the twice_envs agent loop")
+        utilities, mask, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
+        episodes = _episodes(utilities, _groups(index), turn_of, extra_fields, with_steps=with_steps)
+        per_turn = method(episodes, CreditContext()).advantages
+        adv = _to_tensor([token_advantages(turn_of[b], per_turn[b]) for b in range(len(episodes))], response_mask)
+        adv = adv * response_mask.to(adv.dtype)
+        return adv, adv
+
+    advantages.__name__ = advantages.__qualname__ = f"{method.name}_advantages"
+    return advantages
+
+
+def _entry_point(target: str):
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def estimators() -> dict:
+    """Estimator name -> function for every registered credit method verl can run.
+
+    A method that names its verl estimator (``verl=`` at registration) gets it; one that
+    needs no auxiliary rollouts (at most anchor groups) is wrapped by :func:`step_advantages`;
+    one that needs rollouts only the project's loop runs (VinePPO's value rollouts) is left out.
+    """
+    out = {}
+    for name in methods():
+        m = get_method(name)
+        if m.verl:
+            out[name] = _entry_point(m.verl)
+        elif not (m.needs - {"anchor_groups"}):
+            out[name] = step_advantages(m)
+    return out
+
+
+def verl_estimators() -> dict:
+    """:func:`estimators` less the names verl defines itself (``grpo``), which keep verl's own."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    def native(name: str) -> bool:
+        fn = ADV_ESTIMATOR_REGISTRY.get(name)
+        return fn is not None and getattr(fn, "__module__", "").startswith("verl.")
+
+    return {name: fn for name, fn in estimators().items() if not native(name)}
 
 
 def register() -> None:
     """Register the estimators with verl (idempotent)."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
-    for name, fn in ESTIMATORS.items():
+    for name, fn in verl_estimators().items():
         if ADV_ESTIMATOR_REGISTRY.get(name) is not fn:
+            ADV_ESTIMATOR_REGISTRY.pop(name, None)
             register_adv_est(name)(fn)

@@ -26,7 +26,7 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
-from twice_envs.integrations.verl.estimators import ESTIMATORS
+from twice_envs.integrations.verl.estimators import verl_estimators
 
 #: the ``trainer.v1.trainer_mode`` that selects :class:`TwinCreditTrainer`
 TRAINER_MODE = "twice_envs"
@@ -48,7 +48,8 @@ class TwinCreditTrainer(PPOTrainerSync):
 
     def _compute_advantage(self, batch, metrics: dict):
         name = self.config.algorithm.adv_estimator
-        if name not in ESTIMATORS:
+        ours = verl_estimators()
+        if name not in ours:
             return super()._compute_advantage(batch, metrics)
         if self.config.algorithm.use_kl_in_reward:
             raise ValueError(f"adv_estimator={name} does not combine with algorithm.use_kl_in_reward")
@@ -60,7 +61,7 @@ class TwinCreditTrainer(PPOTrainerSync):
         response_mask = data["response_mask"]
         padded = DataProto(batch=data.to_padded_tensor())
         uid = np.array(padded.batch.pop("uid").tolist(), dtype=object)
-        adv, ret = ESTIMATORS[name](padded.batch["rm_scores"], padded.batch["response_mask"], uid,
+        adv, ret = ours[name](padded.batch["rm_scores"], padded.batch["response_mask"], uid,
                                     self.config.algorithm, extra_fields=extra)
         out = TensorDict({"advantages": response_to_nested(adv, response_mask),
                           "returns": response_to_nested(ret, response_mask)}, batch_size=len(batch))

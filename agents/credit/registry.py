@@ -1,0 +1,183 @@
+"""One registry of credit methods: each method registers once, everything else looks it up.
+
+A credit method is a *step*: a function from the factual episodes of one batch and a
+:class:`CreditContext` to a :class:`CreditResult` (per-turn advantages, the auxiliary
+tokens it spent, diagnostics). The step may ask the context for the auxiliary rollouts
+it needs (twins, independent counterfactuals, value rollouts); the caller supplies how
+they are run (an LLM policy in :mod:`twice_envs.agents.rollout.twins`, an exact-value
+lab policy in :mod:`twice_envs.agents.lab.runner`), so the step itself never touches a
+model or an env.
+
+Registering::
+
+    @register_credit("grpo", display="GRPO", description="group-normalised return")
+    def grpo_step(episodes, ctx):
+        return CreditResult(grpo_credit(episodes))
+
+The CLI (``twice train --method``), the trainer, the lab audit, ``twice bench learn``,
+``twice bench games`` and the verl and TRL integrations all read :func:`methods` and
+:func:`get_method`; adding a method is one module and one registration.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from twice_envs.agents.types import EpisodeRecord
+
+#: What a method may need besides the factual episodes, and what each need means.
+NEEDS: dict[str, str] = {
+    "twins": "coupled twins of branched decisions (a fork that reads the factual episode's noise)",
+    "counterfactuals": "independent counterfactuals of branched decisions (a fork on fresh noise)",
+    "value_rollouts": "independent rollouts from every turn boundary (Monte Carlo state values)",
+    "anchor_groups": "per-turn observations, to group the steps that share a state",
+}
+
+#: The comparisons a method can join by default (when no method list is given).
+BENCHES: dict[str, str] = {
+    "learn": "twice bench learn (SearchToy, exact values)",
+    "games": "twice bench games (held-out text games)",
+}
+
+
+@dataclass
+class CreditResult:
+    """What a credit step produced.
+
+    Attributes:
+        advantages: one array of per-turn advantages per factual episode.
+        aux_tokens: auxiliary tokens generated.
+        stats: diagnostics for the metrics file.
+        predictor_state: the updated discordance predictor (Twice), None when unchanged.
+    """
+
+    advantages: list[np.ndarray]
+    aux_tokens: int = 0
+    stats: dict = field(default_factory=dict)
+    predictor_state: Optional[Any] = None
+
+
+@dataclass
+class CreditContext:
+    """Everything a credit step may use besides the factual episodes.
+
+    Attributes:
+        policy: the policy that sampled the episodes (handed to the runners, never called here).
+        sampling: its sampling settings (handed to the runners).
+        rng: the generator of every coin the step draws.
+        update: the index of this update (warm-up schedules read it).
+        noise_seed: the batch's noise seed (auxiliary rollouts derive their seeds from it).
+        twice: the twin-credit settings (:class:`~twice_envs.agents.credit.twice.TwiceConfig`),
+            also the budget of CRR.
+        vine_k: value rollouts per state (VinePPO).
+        predictor_state: the discordance predictor carried across updates (Twice).
+        run_twins: ``(policy, factual, decisions, config, sampling, rng, *, noise_seed) -> Twins``.
+        run_values: ``(policy, factual, sampling, *, k, noise_seed) -> Twins``.
+    """
+
+    policy: Any = None
+    sampling: Any = None
+    rng: np.random.Generator = field(default_factory=lambda: np.random.default_rng(0))
+    update: int = 0
+    noise_seed: int = 0
+    twice: Any = None
+    vine_k: int = 2
+    predictor_state: Optional[Any] = None
+    run_twins: Optional[Callable] = None
+    run_values: Optional[Callable] = None
+
+    def need(self, name: str) -> Callable:
+        """The runner of an auxiliary rollout, or an error naming what is missing."""
+        fn = {"twins": self.run_twins, "values": self.run_values}[name]
+        if fn is None:
+            raise ValueError(f"this credit method needs {name} rollouts, but the caller gave no runner for them")
+        return fn
+
+
+Step = Callable[[Sequence[EpisodeRecord], CreditContext], CreditResult]
+
+
+@dataclass(frozen=True)
+class CreditMethod:
+    """A registered credit method.
+
+    Attributes:
+        name: the name every command and config uses (``twice train --method NAME``).
+        step: ``(episodes, context) -> CreditResult``.
+        display: the name tables and plots show.
+        description: one line for ``--help`` and the docs.
+        needs: keys of :data:`NEEDS`.
+        config: the settings class the step reads (None: no settings).
+        benches: keys of :data:`BENCHES` that run the method when no method list is given.
+        verl: ``"module:function"`` of its verl advantage estimator, when it needs auxiliary
+            rollouts that only the twice_envs agent loop runs (None: a method without them is
+            wrapped generically; one with them is not offered to verl).
+    """
+
+    name: str
+    step: Step
+    display: str
+    description: str = ""
+    needs: frozenset = frozenset()
+    config: Optional[type] = None
+    benches: tuple = ()
+    verl: Optional[str] = None
+
+    def __call__(self, episodes: Sequence[EpisodeRecord], context: CreditContext) -> CreditResult:
+        return self.step(episodes, context)
+
+
+_REGISTRY: dict[str, CreditMethod] = {}
+
+
+def register_credit(name: str, *, display: Optional[str] = None, description: str = "", needs: Sequence[str] = (),
+                    config: Optional[type] = None, benches: Sequence[str] = (), verl: Optional[str] = None,
+                    override: bool = False) -> Callable[[Step], Step]:
+    """Decorator: register ``step`` as the credit method ``name`` (see :class:`CreditMethod`).
+
+    A name registered twice raises unless ``override``; unknown needs or benches raise.
+    """
+    unknown = sorted(set(needs) - set(NEEDS)) + sorted(set(benches) - set(BENCHES))
+    if unknown:
+        raise ValueError(f"credit method {name!r}: unknown needs or benches {unknown} "
+                         f"(needs: {', '.join(NEEDS)}; benches: {', '.join(BENCHES)})")
+    if not name or name != name.strip() or "," in name:
+        raise ValueError(f"credit method name {name!r}: non-empty, no spaces at its ends, no commas")
+
+    def deco(step: Step) -> Step:
+        if name in _REGISTRY and not override:
+            raise ValueError(f"credit method {name!r} is already registered (pass override=True to replace it)")
+        _REGISTRY[name] = CreditMethod(name, step, display or name, description, frozenset(needs), config,
+                                       tuple(benches), verl)
+        return step
+
+    return deco
+
+
+def unregister_credit(name: str) -> None:
+    """Remove a method (tests that register a temporary one clean up with this)."""
+    _REGISTRY.pop(name, None)
+
+
+def get_method(name: str) -> CreditMethod:
+    """The method registered as ``name``; an unknown name raises with the closest known one."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        close = difflib.get_close_matches(str(name), list(_REGISTRY), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown credit method {name!r}.{hint} Known: {', '.join(_REGISTRY)}") from None
+
+
+def methods(bench: Optional[str] = None) -> tuple[str, ...]:
+    """Registered method names in registration order (only those a bench runs by default, if given)."""
+    return tuple(n for n, m in _REGISTRY.items() if bench is None or bench in m.benches)
+
+
+def describe() -> str:
+    """``name: description`` of every method, one per line (for ``--help``)."""
+    return "; ".join(f"{m.name} ({m.description})" if m.description else m.name for m in _REGISTRY.values())

@@ -1,0 +1,125 @@
+"""Checkpoints of a training run: everything that changes during training, saved and restored exactly.
+
+``checkpoint/state.pt`` holds the model, optimiser, scheduler, predictor and every RNG state,
+as tensors and plain values only, so it is read with ``torch.load(..., weights_only=True)``
+and a crafted file cannot run code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twice_envs.agents.credit import predictor as pred
+from twice_envs.errors import TwiceError
+
+
+class CheckpointError(TwiceError, ValueError):
+    """A checkpoint file is missing, unreadable, or holds more than tensors and plain values."""
+
+@dataclass
+class TrainState:
+    """Everything that changes during training (what a checkpoint holds)."""
+
+    policy: Any
+    reference: Any
+    optimizer: Any
+    scheduler: Any
+    predictor: pred.PredictorState
+    rng: np.random.Generator
+    update: int = 0
+
+CHECKPOINT_FORMAT = 1
+"""Version of the layout :func:`save_checkpoint` writes (stored under ``"format"``)."""
+
+_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "predictor", "rng", "torch_rng", "python_rng", "update")
+
+def save_checkpoint(state: TrainState, path: os.PathLike) -> None:
+    """Atomically write model, optimiser, scheduler, predictor and RNG states to ``path/state.pt``.
+
+    Only tensors and plain values (dicts, lists, tuples, numbers, strings) go in, so the
+    file loads with ``torch.load(weights_only=True)``.
+    """
+    import torch
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "format": CHECKPOINT_FORMAT,
+        "model": state.policy.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "predictor": state.predictor.to_json(),
+        "rng": state.rng.bit_generator.state,
+        "torch_rng": torch.get_rng_state(),
+        "python_rng": random.getstate(),
+        "update": state.update,
+    }
+    tmp = path / "state.pt.tmp"
+    torch.save(blob, tmp)
+    os.replace(tmp, path / "state.pt")
+
+def read_checkpoint(file: os.PathLike) -> dict:
+    """The contents of a ``state.pt`` written by :func:`save_checkpoint`, loaded without running code.
+
+    Raises :class:`CheckpointError` naming the file when it is missing, truncated, not a
+    torch file, holds objects other than tensors and plain values (a pickle that would
+    run code is refused, never executed), or lacks a checkpoint's fields.
+    """
+    import pickle
+
+    import torch
+
+    file = Path(file)
+    if not file.is_file():
+        raise CheckpointError(f"{file}: no checkpoint file there")
+    try:
+        blob = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise CheckpointError(f"{file}: refused to load: it holds objects other than tensors and plain values "
+                              f"(not a checkpoint written by twice train; loading it could run code): "
+                              f"{_unpickler_reason(exc)}") from None
+    except Exception as exc:  # torch raises RuntimeError, EOFError, zipfile errors... for damaged files
+        raise CheckpointError(f"{file}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+    if not isinstance(blob, dict):
+        raise CheckpointError(f"{file}: not a checkpoint (holds a {type(blob).__name__}, expected a dict)")
+    missing = [k for k in _CHECKPOINT_KEYS if k not in blob]
+    if missing:
+        raise CheckpointError(f"{file}: not a complete checkpoint (missing {', '.join(missing)})")
+    if blob.get("format", CHECKPOINT_FORMAT) != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{file}: checkpoint format {blob['format']!r}; this version reads {CHECKPOINT_FORMAT}")
+    return blob
+
+def _unpickler_reason(exc: Exception) -> str:
+    # torch's message is mostly advice to load unsafely; keep only what it found in the file
+    text = str(exc)
+    tail = text.split("WeightsUnpickler error:", 1)[-1]
+    first = next((line.strip() for line in tail.splitlines() if line.strip()), type(exc).__name__)
+    return first.split(". Please")[0].rstrip(".")
+
+def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:
+    """Restore a checkpoint written by :func:`save_checkpoint` (``path`` is its folder) into ``state``."""
+    import torch
+
+    blob = read_checkpoint(Path(path) / "state.pt")
+    state.policy.model.load_state_dict(blob["model"])
+    state.optimizer.load_state_dict(blob["optimizer"])
+    state.scheduler.load_state_dict(blob["scheduler"])
+    state.predictor = pred.PredictorState.from_json(blob["predictor"])
+    state.rng.bit_generator.state = blob["rng"]
+    torch.set_rng_state(blob["torch_rng"])
+    random.setstate(blob["python_rng"])
+    state.update = int(blob["update"])
+    clear_prefix_cache(state.policy)
+    return state
+
+def clear_prefix_cache(policy) -> None:
+    """Drop a policy's cached key/values: they were computed by the old weights."""
+    cache = getattr(policy, "prefix_cache", None)
+    if cache is not None:
+        cache.clear()

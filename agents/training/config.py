@@ -1,0 +1,144 @@
+"""The settings of a training run (:class:`TrainConfig`) and the settings they imply.
+
+Everything that matters for reproducibility lives in :class:`TrainConfig`; ``config.json``
+in a run folder is its JSON form (:func:`read_run_config` reads it back, naming the file
+when it is damaged).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Optional
+
+from twice_envs.agents.credit.ablations import apply_ablations
+from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.sampling.policy import SamplingConfig
+from twice_envs.errors import DataFormatError
+
+
+@dataclass
+class TrainConfig:
+    """One training run. Defaults are the CPU settings for the tiny model (see :func:`cpu_config`)."""
+
+    env: str = "SearchQA-v0"
+    """Registered env id."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Keyword arguments for ``twice_envs.make``."""
+    model: str = "tiny"
+    """``tiny``, ``smollm2-135m`` or a local Hugging Face model directory."""
+    method: str = "twice"
+    """Credit method: a name in :mod:`twice_envs.agents.credit.registry`."""
+    ablations: tuple[str, ...] = ()
+    """Twice ablation flags (see :mod:`twice_envs.agents.credit.ablations`)."""
+    updates: int = 30
+    """Policy updates (one batch of questions each)."""
+    questions_per_update: int = 8
+    """Tasks per update (published: 256)."""
+    group_size: int = 5
+    """Episodes per task (G; published: 5)."""
+    max_turns: Optional[int] = 4
+    """Turn cap per episode (None: the env's own limit; SearchQA caps searches at 4 itself)."""
+    window: Optional[int] = None
+    """Turns of history in the model's context (None: the whole episode; the first prompt,
+    which holds the task, is always kept). Use the window the model was trained with."""
+    max_new_tokens: int = 128
+    """Tokens per turn at most (published: 500; the tiny model's quoted reasoning takes up to about 110)."""
+    temperature: float = 1.0
+    """Sampling temperature (published: 1)."""
+    top_p: float = 1.0
+    """Nucleus mass (published: 1)."""
+    lr: float = 2e-4
+    """Peak AdamW learning rate (published: 1e-6 for real models)."""
+    warmup_steps: int = 3
+    """Optimiser steps of linear learning-rate warm-up."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    minibatches: int = 2
+    """Optimiser steps per update (the batch's episodes are split into this many minibatches)."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    clip_eps: float = 0.2
+    """PPO clip epsilon."""
+    kl_coef: float = 0.001
+    """KL-to-reference weight."""
+    twice: TwiceConfig = field(default_factory=TwiceConfig)
+    """Twin-credit settings (also CRR's budget)."""
+    vine_k: int = 2
+    """VinePPO rollouts per state."""
+    seed: int = 0
+    """Seed of task sampling, coins, noise seeds and torch."""
+    train_split: str = "train"
+    """Split the training tasks come from."""
+    dev_split: str = "dev"
+    """Split for evaluation."""
+    task_pool: Optional[int] = None
+    """Training tasks are drawn from the first ``task_pool`` of the split (None: all)."""
+    indexed_tasks: bool = True
+    """Name tasks by the reset options ``{"split", "index"}`` where the env has splits
+    (SearchQA); envs without them get tasks by reset seed only."""
+    eval_questions: int = 40
+    """Dev questions for the greedy evaluation."""
+    eval_every: int = 0
+    """Evaluate every N updates (0: only when asked)."""
+    checkpoint_every: int = 10
+    """Write a checkpoint every N updates (and at the end)."""
+    out_dir: str = "runs/run"
+    """Run directory (config, metrics, checkpoint)."""
+    threads: int = 1
+    """torch CPU threads (0: torch's default; the tiny model runs fastest on one)."""
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["ablations"] = list(self.ablations)
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        d["twice"] = TwiceConfig(**d.get("twice", {}))
+        d["ablations"] = tuple(d.get("ablations", ()))
+        return cls(**d)
+
+def cpu_config(**overrides: Any) -> TrainConfig:
+    """CPU defaults for the tiny model: 8 questions x G=5 per update, 128-token turns, lr 2e-4.
+
+    Sized so that a few dozen updates of GRPO and Twice fit in minutes on two cores.
+    """
+    return replace(TrainConfig(), **overrides)
+
+def published_config(**overrides: Any) -> TrainConfig:
+    """The method's published settings for real models (256 questions, G = 5, lr 1e-6, 500-token turns)."""
+    base = TrainConfig(
+        questions_per_update=256, group_size=5, max_turns=None, max_new_tokens=500, temperature=1.0, top_p=1.0,
+        lr=1e-6, warmup_steps=10, minibatches=4, updates=200, eval_questions=500, eval_every=10,
+        checkpoint_every=10, threads=0,
+    )
+    return replace(base, **overrides)
+
+def sampling_config(config: TrainConfig, *, greedy: bool = False) -> SamplingConfig:
+    """The sampling settings of a run (greedy for evaluation)."""
+    return SamplingConfig(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
+                          greedy=greedy, key_mode=effective_twice(config).key_mode)
+
+def effective_twice(config: TrainConfig) -> TwiceConfig:
+    """The run's twin-credit settings with its ablations applied."""
+    return apply_ablations(config.twice, config.ablations)
+
+def read_run_config(file: os.PathLike) -> TrainConfig:
+    """A run's ``config.json``; a damaged or foreign file raises :class:`~twice_envs.errors.DataFormatError` naming it."""
+    file = Path(file)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise DataFormatError(file, None, f"not UTF-8 text ({exc.reason})") from None
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(file, exc.lineno, f"invalid JSON: {exc.msg}") from None
+    if not isinstance(data, dict):
+        raise DataFormatError(file, None, f"expected a JSON object of training settings, found a {type(data).__name__}")
+    try:
+        return TrainConfig.from_json(data)
+    except TypeError as exc:  # unknown or misspelt fields
+        raise DataFormatError(file, None, f"not a training config: {exc}") from None

@@ -1,0 +1,67 @@
+"""One registry of credit methods: a method registered once appears everywhere methods are listed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twice_envs.agents.credit import registry
+from twice_envs.agents.credit.registry import CreditResult, get_method, register_credit, unregister_credit
+
+
+@pytest.fixture
+def zero_method():
+    """A toy estimator: zero credit for every turn, registered for one test."""
+
+    @register_credit("zero-test", display="Zero", description="zero credit everywhere (a test method)")
+    def zero(episodes, ctx):
+        return CreditResult([np.zeros(len(ep.turns)) for ep in episodes])
+
+    yield "zero-test"
+    unregister_credit("zero-test")
+
+
+def test_built_in_methods_are_registered_in_order():
+    assert registry.methods()[:5] == ("grpo", "gigpo", "twice", "crr", "vineppo")
+    assert get_method("twice").needs == {"twins"} and get_method("vineppo").needs == {"value_rollouts"}
+
+
+def test_bad_registrations_and_unknown_names_are_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        register_credit("grpo")(lambda eps, ctx: None)
+    with pytest.raises(ValueError, match="unknown needs"):
+        register_credit("x-test", needs=("telepathy",))
+    with pytest.raises(ValueError, match="Did you mean 'twice'"):
+        get_method("twise")
+
+
+def test_a_registered_method_appears_in_train_help(zero_method, capsys):
+    from twice_envs.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert zero_method in capsys.readouterr().out
+
+
+def test_a_registered_method_gets_a_lab_audit_row(zero_method):
+    from twice_envs.agents.lab.runner import LabAuditConfig, run_lab_audit
+
+    res = run_lab_audit(LabAuditConfig(groups=6, pairs=(1,), vine_k=(1,), n_boot=20, warmup_batches=0))
+    row = next(r for r in res.rows if r["method"] == zero_method)
+    # zero credit is never of the right sign: every decision that counts is a zero credit
+    assert row["zero_credit"]["value"] == pytest.approx(1.0)
+
+
+def test_a_registered_method_is_a_verl_estimator(zero_method):
+    torch = pytest.importorskip("torch")
+    from twice_envs.integrations.verl import estimators
+
+    table = estimators.estimators()
+    assert zero_method in table and "vineppo" not in table  # value rollouts only run in the project's loop
+    mask = torch.ones(2, 3)
+    rewards = torch.tensor([[0, 0, 1.0], [0, 0, 0.0]])
+    adv, _ = table[zero_method](rewards, mask, index=["a", "a"])
+    assert torch.equal(adv, torch.zeros(2, 3))
+    # the same table without the zero method: a real method gives non-zero advantages there
+    adv, _ = table["grpo"](rewards, mask, index=["a", "a"])
+    assert adv.abs().sum() > 0

@@ -1,0 +1,153 @@
+"""Seed derivation: one salt per purpose, every rule pinned to known values.
+
+The values below are stored in records and recomputed elsewhere (a twin recomputes the
+factual episode's seed, a replay recomputes a generated room), so a rule may never
+change its output: each test pins a few values of each rule.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from twice_envs import keys
+from twice_envs.keys import (
+    SEED_SALTS,
+    UINT64_MAX,
+    branch_plan_rng,
+    derive_episode_seed,
+    episode_noise_seed,
+    independent_seed,
+    lab_episode_seed,
+    lab_independent_seed,
+    lab_pair_seed,
+    seed_sequence_uint64,
+    stable_json_seed,
+    stable_seed,
+)
+
+
+def test_salts_are_distinct_named_ints():
+    assert len(set(SEED_SALTS.values())) == len(SEED_SALTS)
+    assert all(isinstance(k, str) and isinstance(v, int) and 0 <= v <= UINT64_MAX for k, v in SEED_SALTS.items())
+    assert SEED_SALTS == {"episode": 0x7457, "rollout": 0x52_4F_4C, "independent": 0x43_52_52, "branch_plan": 0x5457494E}
+    with pytest.raises(TypeError):
+        SEED_SALTS["other"] = 1  # read-only: a new purpose is added in keys.py, with its own salt
+
+
+@pytest.mark.parametrize("seed,salt,expected", [
+    (0, 0, 18396215015849626295),
+    (7, 3, 3240372377301481979),
+    (UINT64_MAX, 12345, 5427737857964636375),
+])
+def test_derive_episode_seed_known_values(seed, salt, expected):
+    assert derive_episode_seed(seed, salt) == expected
+    assert seed_sequence_uint64([seed, salt, SEED_SALTS["episode"]]) == expected
+
+
+@pytest.mark.parametrize("noise_seed,group,index,expected", [
+    (0, 0, 0, 11692857990139139838),
+    (7, 2, 5, 13791896903502050096),
+    (-1, 1, 3, 16970539983459318871),  # a negative noise seed is folded into 64 bits
+    (UINT64_MAX, 9, 0, 14807798893971338354),
+])
+def test_episode_noise_seed_known_values(noise_seed, group, index, expected):
+    assert episode_noise_seed(noise_seed, group, index) == expected
+    assert episode_noise_seed(noise_seed, np.int64(group), np.int64(index)) == expected  # numpy ints too
+
+
+@pytest.mark.parametrize("noise_seed,episode,turn,branch,expected", [
+    (0, 0, 0, 1, 17729941538671010228),
+    (7, 4, 2, 3, 4012692112788982809),
+    (-1, 1, 0, 2, 4284422582468679348),
+])
+def test_independent_seed_known_values(noise_seed, episode, turn, branch, expected):
+    assert independent_seed(noise_seed, episode, turn, branch) == expected
+
+
+@pytest.mark.parametrize("noise_seed,group,member,expected", [
+    (0, 0, 0, 18396215015849626295),
+    (0, 1, 2, 9185441972077787821),
+    (11, 3, 4, 724081742665350128),
+])
+def test_lab_episode_seed_known_values(noise_seed, group, member, expected):
+    assert lab_episode_seed(noise_seed, group, member) == expected
+    assert lab_episode_seed(noise_seed, group, member) == derive_episode_seed(noise_seed, group * 100003 + member)
+
+
+@pytest.mark.parametrize("noise_seed,stream,turn,expected", [
+    (0, 1, 0, 10809314652303416102),
+    (5, 7, 3, 6952293553814693700),
+])
+def test_lab_independent_seed_known_values(noise_seed, stream, turn, expected):
+    assert lab_independent_seed(noise_seed, stream, turn) == expected
+
+
+@pytest.mark.parametrize("noise_seed,pair,turn,expected", [
+    (0, 1, 0, 4890093876272269194),
+    (9, 2, 4, 10525363658017242871),
+])
+def test_lab_pair_seed_known_values(noise_seed, pair, turn, expected):
+    assert lab_pair_seed(noise_seed, pair, turn) == expected
+
+
+@pytest.mark.parametrize("noise_seed,ints,uniform", [
+    (0, [4463580904616565646, 4310486032518862581, 2406231787315485470], 0.4638583971350463),
+    (12345, [2993071302935980161, 2158082062555024415, 3380796637199323928], 0.9578971736825914),
+    (-1, [1161029920211025097, 155321727532083254, 2250598302415821449], 0.4223349258003508),
+])
+def test_branch_plan_rng_known_draws(noise_seed, ints, uniform):
+    rng = branch_plan_rng(noise_seed)
+    assert rng.integers(0, 1 << 62, size=3).tolist() == ints
+    assert rng.random() == uniform
+
+
+@pytest.mark.parametrize("parts,expected", [
+    (("room", "kitchen_1", 0), 1046000307544553838),
+    (("pick_and_place_simple-Apple-None-CounterTop-1", 2), 17067233859286141655),
+    ((), 1449310910991872227),
+])
+def test_stable_seed_known_values(parts, expected):
+    assert stable_seed(*parts) == expected
+
+
+@pytest.mark.parametrize("parts,expected", [
+    ((0, "uid-a", 0, 0), 695504451770291632),
+    ((7, "abc", 3, 12), 2131022440979579544),
+    ((), 912589757505950543),
+])
+def test_stable_json_seed_known_values(parts, expected):
+    assert stable_json_seed(*parts) == expected
+
+
+def test_string_rules_differ_in_framing():
+    # "/"-joined parts can meet; the JSON-framed rule keeps every list of parts apart
+    assert stable_seed("a/b", "c") == stable_seed("a", "b/c")
+    assert stable_json_seed("a/b", "c") != stable_json_seed("a", "b/c")
+    assert stable_seed(1, "x") == stable_seed("1", "x")  # parts are read as text
+
+
+def test_purposes_never_share_a_seed():
+    """The same numbers under two purposes give two unrelated seeds."""
+    seeds = {
+        derive_episode_seed(3, 4),
+        seed_sequence_uint64([3, 4, 0]),
+        episode_noise_seed(3, 4, 0),
+        independent_seed(3, 4, 0, 0),
+    }
+    assert len(seeds) == 4
+
+
+def test_out_of_range_inputs():
+    with pytest.raises(ValueError):
+        derive_episode_seed(1 << 64)
+    with pytest.raises(ValueError):
+        lab_episode_seed(-1, 0, 0)
+    with pytest.raises(ValueError):
+        episode_noise_seed(0, -1, 0)  # SeedSequence refuses negative entropy
+
+
+def test_every_rule_is_exported():
+    for name in ("episode_noise_seed", "independent_seed", "lab_episode_seed", "lab_independent_seed",
+                 "lab_pair_seed", "branch_plan_rng", "stable_seed", "stable_json_seed", "SEED_SALTS"):
+        assert name in keys.__all__

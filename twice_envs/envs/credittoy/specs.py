@@ -1,0 +1,12 @@
+"""CreditToy env ids (entry points are strings: nothing heavy is imported here)."""
+
+from __future__ import annotations
+
+import twice_envs
+
+twice_envs.register(
+    "CreditToy-v0",
+    "twice_envs.envs.credittoy.env:CreditToyEnv",
+    description="credit lab: three choices of four actions, exact advantages",
+    override=True,
+)
