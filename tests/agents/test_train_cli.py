@@ -49,7 +49,7 @@ def test_train_eval_audit_plot_commands(tmp_path, capsys):
 
 
 def test_train_keeps_the_history_window_a_model_was_trained_with(tmp_path, monkeypatch):
-    import twice_envs.agents.training.trainer as train_mod
+    import twice_envs.agents.cli.train as train_mod
 
     policy = small_policy(0)
     model_dir = tmp_path / "model"
