@@ -265,6 +265,7 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     credit["twice-train"], aux["twice-train"], pairs_of["twice-train"] = a_hat, train_aux, 0
     # every registered method without a row yet: its advantage as its update consumes it
     tf, vf = lab_runners(envs)
+    diagnostic = dict(credit)  # the rows Twice's equal-token comparisons are made among
     for name in registered_methods():
         if name in credit:
             continue
@@ -278,7 +279,7 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     rows = [row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
                        rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
     per_turn = per_turn_table(oracle, credit, turns, config.threshold)
-    comparisons = equal_token_comparisons(oracle, credit, aux, idx, config.threshold)
+    comparisons = equal_token_comparisons(oracle, diagnostic, aux, idx, config.threshold)
     budget = train_aux / (config.beta * ptoks)
     return LabAuditResult(config, oracle, groups, turns, credit, aux, pairs_of, rows, per_turn, comparisons, ptoks,
                           budget, float(np.mean(u)), {})

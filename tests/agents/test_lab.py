@@ -19,6 +19,8 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     # the diagnostic rows, then one row per registered method without one (its update's advantage)
     assert set(rows) == {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "twice-train",
                          "twice", "crr", "vineppo"}
+    # Twice's equal-token comparisons are made among the diagnostic rows only
+    assert {c["baseline"] for c in res.comparisons} == {"grpo", "gigpo", "crr J1", "crr J2", "vineppo K1"}
     for r in res.rows:
         for fig in ("wrong_sign", "pearson", "mse_vs_grpo"):
             e = r[fig]
