@@ -22,6 +22,7 @@ trajectory term (GRPO's group-normalised utility) and ``gigpo`` raises.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import fields, replace
 from typing import Any, Optional, Sequence
@@ -29,8 +30,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from twice_envs.agents.credit import gigpo, twice
-from twice_envs.agents.credit.registry import CreditContext, CreditMethod, get_method, methods
 from twice_envs.agents.credit.crr import crr_config
+from twice_envs.agents.credit.registry import CreditContext, CreditMethod, get_method, methods
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.integrations.episodes import token_advantages
 from twice_envs.keys import NoiseKey
@@ -114,6 +115,13 @@ def _to_tensor(per_token: list[list[float]], like):
     return torch.tensor(per_token, dtype=torch.float32, device=like.device)
 
 
+def _spread(per_turn: Sequence, turn_of: list[list[int]], response_mask):
+    """Per-turn advantages on each turn's tokens (0 on observations): ``(advantages, returns)``."""
+    adv = _to_tensor([token_advantages(turn_of[b], per_turn[b]) for b in range(len(per_turn))], response_mask)
+    adv = adv * response_mask.to(adv.dtype)
+    return adv, adv
+
+
 def twin_advantages(token_level_rewards, response_mask, index=None, config=None, *,
                     extra_fields: Optional[Sequence[dict]] = None, crr: bool = False, **kwargs):
     """``A_t = A_traj + omega A_hat_t / sigma_hat`` on each turn's tokens; returns ``(advantages, returns)``."""
@@ -131,9 +139,7 @@ def twin_advantages(token_level_rewards, response_mask, index=None, config=None,
             decisions.append((b, t))
             a_hat.append(float(credit[t]))
     per_turn = twice.combine(episodes, decisions, np.asarray(a_hat, dtype=np.float64), cfg)
-    adv = _to_tensor([token_advantages(turn_of[b], per_turn[b]) for b in range(len(episodes))], response_mask)
-    adv = adv * response_mask.to(adv.dtype)
-    return adv, adv
+    return _spread(per_turn, turn_of, response_mask)
 
 
 def crr_advantages(token_level_rewards, response_mask, index=None, config=None, **kwargs):
@@ -151,14 +157,14 @@ def gigpo_advantages(token_level_rewards, response_mask, index=None, config=None
     utilities, mask, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
     episodes = _episodes(utilities, _groups(index), turn_of, extra_fields, with_steps=True)
     per_turn = gigpo.gigpo_credit(episodes, cfg)
-    adv = _to_tensor([token_advantages(turn_of[b], per_turn[b]) for b in range(len(episodes))], response_mask)
-    adv = adv * response_mask.to(adv.dtype)
-    return adv, adv
+    return _spread(per_turn, turn_of, response_mask)
 
 
+@functools.lru_cache(maxsize=None)
 def step_advantages(method: CreditMethod):
     """A verl estimator for a registered method that needs no auxiliary rollouts: the method's
-    own step on the episodes rebuilt from verl's rows, spread over each turn's tokens."""
+    own step on the episodes rebuilt from verl's rows, spread over each turn's tokens (one
+    function per method, so registering twice finds the same one)."""
     with_steps = "anchor_groups" in method.needs
 
     def advantages(token_level_rewards, response_mask, index=None, config=None, *,
@@ -169,9 +175,7 @@ def step_advantages(method: CreditMethod):
         utilities, mask, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
         episodes = _episodes(utilities, _groups(index), turn_of, extra_fields, with_steps=with_steps)
         per_turn = method(episodes, CreditContext()).advantages
-        adv = _to_tensor([token_advantages(turn_of[b], per_turn[b]) for b in range(len(episodes))], response_mask)
-        adv = adv * response_mask.to(adv.dtype)
-        return adv, adv
+        return _spread(per_turn, turn_of, response_mask)
 
     advantages.__name__ = advantages.__qualname__ = f"{method.name}_advantages"
     return advantages
