@@ -73,12 +73,7 @@ def _prefix_rank(module: str, ranks: dict) -> int | None:
 
 
 def rank(module: str) -> int | None:
-    best = None
-    for prefix, r in RANKS.items():
-        if module == prefix or module.startswith(prefix + "."):
-            if best is None or len(prefix) > len(best[0]):
-                best = (prefix, r)
-    return None if best is None else best[1]
+    return _prefix_rank(module, RANKS)
 
 
 def modules(root: Path = ROOT, sources: dict = SOURCES) -> list[tuple[str, Path]]:
@@ -92,6 +87,16 @@ def modules(root: Path = ROOT, sources: dict = SOURCES) -> list[tuple[str, Path]
     return out
 
 
+def _from_base(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` reads from (relative imports resolved)."""
+    base = node.module or ""
+    if node.level:
+        parent = package.split(".")
+        parent = parent[: len(parent) - (node.level - 1)]
+        base = ".".join(parent + ([base] if base else []))
+    return base
+
+
 def imports(module: str, path: Path) -> list[tuple[int, str]]:
     """``(line, imported module)`` for every import in the file, wherever it is."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -101,11 +106,7 @@ def imports(module: str, path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")
-                parent = parent[: len(parent) - (node.level - 1)]
-                base = ".".join(parent + ([base] if base else []))
+            base = _from_base(node, package)
             # `from twice_envs import wrappers` imports the subpackage
             found += [(node.lineno, f"{base}.{a.name}" if rank(f"{base}.{a.name}") != rank(base) else base) for a in node.names]
         elif (
@@ -134,6 +135,11 @@ def declared(module: str, target: str) -> bool:
                for a, b in COMPOSITION)
 
 
+def edges(module: str, path: Path) -> list[tuple[int, str]]:
+    """The file's imports and its entry points that :data:`COMPOSITION` does not declare."""
+    return imports(module, path) + [(ln, t) for ln, t in entry_points(path) if not declared(module, t)]
+
+
 def module_imports(module: str, path: Path) -> list[str]:
     """Every module name an import in the file may load: ``from p import x`` gives ``p.x`` and ``p``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -141,12 +147,7 @@ def module_imports(module: str, path: Path) -> list[str]:
     out = [t for _, t in imports(module, path)]
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")
-                parent = parent[: len(parent) - (node.level - 1)]
-                base = ".".join(parent + ([base] if base else []))
-            out += [f"{base}.{a.name}" for a in node.names]
+            out += [f"{_from_base(node, package)}.{a.name}" for a in node.names]
     return out
 
 
@@ -205,8 +206,7 @@ def agent_violations(root: Path = ROOT, sources: dict = SOURCES) -> list[str]:
         own = _prefix_rank(module, AGENT_RANKS)
         if own is None:
             continue
-        found = imports(module, path) + [(ln, t) for ln, t in entry_points(path) if not declared(module, t)]
-        for line, target in found:
+        for line, target in edges(module, path):
             r = _prefix_rank(target, AGENT_RANKS)
             if r is not None and r > own:
                 out.append(f"{path.relative_to(root)}:{line}: {module} imports {target}")
@@ -217,8 +217,7 @@ def violations(root: Path = ROOT, sources: dict = SOURCES) -> list[str]:
     out = []
     for module, path in modules(root, sources):
         own = rank(module)
-        found = imports(module, path) + [(ln, t) for ln, t in entry_points(path) if not declared(module, t)]
-        for line, target in found:
+        for line, target in edges(module, path):
             r = rank(target)
             if r is not None and r > own and (module, target) not in ALLOWED:
                 out.append(f"{path.relative_to(root)}:{line}: {module} imports {target}")
