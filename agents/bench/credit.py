@@ -68,7 +68,6 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (default: the CPU default, 128)")
     a = p.parse_args(argv)
 
-
     q = a.quick
     updates = a.updates or (3 if q else 30)
     eval_every = 1 if q else 5
@@ -156,6 +155,7 @@ def main(argv: Sequence[str]) -> int:
 
     print()
     print(f"{'figure':<44}{'measured':>10}  target (published)")
+
     def row(name, value, target):
         v = "n/a" if value is None else (f"{value:.3f}" if isinstance(value, float) else str(value))
         print(f"{name:<44}{v:>10}  {target}")

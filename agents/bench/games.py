@@ -196,7 +196,6 @@ def method_pairs(methods: dict) -> dict:
             for i, a in enumerate(names) for b in names[i + 1:]}
 
 
-
 def _plot(root: Path, env_id: str, cfg: GamesBenchConfig) -> None:
     try:
         from twice_envs.agents.lab.plots import plot_runs

@@ -80,8 +80,6 @@ def heldout_tasks(env_id: str, n: Optional[int] = None,
     return tasks, types, kwargs
 
 
-
-
 def success_of(env_id: str, ep) -> bool:
     """ALFWorld: the goal holds; WebShop: the purchase scores 1 (WebShop's success rate)."""
     return ep.utility >= 1.0 - 1e-9
@@ -106,7 +104,6 @@ def summarize(env_id: str, episodes, types: Sequence[str], samples: int) -> dict
                     "valid_share": 1 - bad / max(turns, 1), "mean_reward": reward / max(n, 1)}
     out["all"]["outcomes"] = [int(success_of(env_id, ep)) for ep in episodes]
     return out
-
 
 
 def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,

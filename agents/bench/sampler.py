@@ -80,7 +80,6 @@ def sampler_main(argv: Sequence[str]) -> int:
         if code or not args.models:
             return code
 
-
     sampling = SamplingConfig(temperature=1.0, top_p=args.top_p, max_new_tokens=args.tokens)
     print(f"keyed vs plain sampling, {args.tokens} tokens per row, top_p {args.top_p}, "
           f"torch threads {torch.get_num_threads()}")
@@ -159,7 +158,6 @@ def rollout_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.group, args.max_new_tokens, args.max_turns = 2, 2, 24, 2
-
 
     policy = load_policy(args.model)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)

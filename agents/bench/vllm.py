@@ -60,7 +60,6 @@ def measure(model: str, batch: int = 8, tokens: int = 64, repeats: int = 2, temp
     import vllm
     from vllm import SamplingParams
 
-
     cls = make_vllm_processor_class()
     keyed_params = [SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0, top_p=1.0, top_k=0,
                                    extra_args=keyed_extra_args(NoiseKey(500 + b, 0, 0), temperature=temperature,

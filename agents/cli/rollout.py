@@ -92,7 +92,6 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
     args = parser.parse_args(argv)
 
-
     policy = load_policy(args.model, backend=args.backend, device=args.device)
     model_dir = resolve_model_dir(args.model)
     window = trained_window(model_dir) if args.window is None else args.window

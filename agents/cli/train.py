@@ -27,6 +27,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local HF model directory")
     return p
 
+
 def train_main(argv: Sequence[str]) -> int:
     """``twice train --env ENV --model MODEL --method METHOD [--ablation ...]``."""
     p = _parser("twice train")
@@ -73,6 +74,7 @@ def train_main(argv: Sequence[str]) -> int:
     train(cfg, policy=load_policy(cfg.model), resume=a.resume, overwrite=a.overwrite, progress=not a.no_progress)
     print(f"metrics: {Path(cfg.out_dir) / 'metrics.jsonl'}\ncheckpoint: {Path(cfg.out_dir) / 'checkpoint'}")
     return 0
+
 
 def eval_main(argv: Sequence[str]) -> int:
     """``twice eval --checkpoint RUN [--env ENV]``: greedy EM and F1 per dataset."""

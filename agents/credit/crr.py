@@ -53,7 +53,6 @@ def crr_credit(
     return twice.twin_credit(episodes, counterfactuals, plan, [True] * len(counterfactuals), cfg)
 
 
-
 @register_credit("crr", display="CRR", description="independent counterfactuals branched uniformly",
                  needs=("counterfactuals",), config=twice.TwiceConfig, benches=("learn", "games"),
                  verl="twice_envs.integrations.verl.estimators:crr_advantages")

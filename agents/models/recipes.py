@@ -311,8 +311,6 @@ def same_build(a: os.PathLike, b: os.PathLike) -> bool:
     return all(digest(Path(a) / f) == digest(Path(b) / f) != "" for f in TINY_FILES)
 
 
-
-
 #: Model names of :func:`~twice_envs.agents.models.load.resolve_model_dir` and the recipe each is built by.
 NAMED_MODELS: dict[str, str] = {TINY_NAME: DEFAULT_RECIPE, "tiny-alfworld": "alfworld", "tiny-webshop": "webshop"}
 #: Folders of the builds shipped with the package, by recipe.

@@ -22,6 +22,7 @@ from twice_envs.errors import TwiceError
 class CheckpointError(TwiceError, ValueError):
     """A checkpoint file is missing, unreadable, or holds more than tensors and plain values."""
 
+
 @dataclass
 class TrainState:
     """Everything that changes during training (what a checkpoint holds)."""
@@ -34,10 +35,13 @@ class TrainState:
     rng: np.random.Generator
     update: int = 0
 
+
 CHECKPOINT_FORMAT = 1
 """Version of the layout :func:`save_checkpoint` writes (stored under ``"format"``)."""
 
+
 _CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "predictor", "rng", "torch_rng", "python_rng", "update")
+
 
 def save_checkpoint(state: TrainState, path: os.PathLike) -> None:
     """Atomically write model, optimiser, scheduler, predictor and RNG states to ``path/state.pt``.
@@ -63,6 +67,7 @@ def save_checkpoint(state: TrainState, path: os.PathLike) -> None:
     tmp = path / "state.pt.tmp"
     torch.save(blob, tmp)
     os.replace(tmp, path / "state.pt")
+
 
 def read_checkpoint(file: os.PathLike) -> dict:
     """The contents of a ``state.pt`` written by :func:`save_checkpoint`, loaded without running code.
@@ -95,12 +100,14 @@ def read_checkpoint(file: os.PathLike) -> dict:
         raise CheckpointError(f"{file}: checkpoint format {blob['format']!r}; this version reads {CHECKPOINT_FORMAT}")
     return blob
 
+
 def _unpickler_reason(exc: Exception) -> str:
     # torch's message is mostly advice to load unsafely; keep only what it found in the file
     text = str(exc)
     tail = text.split("WeightsUnpickler error:", 1)[-1]
     first = next((line.strip() for line in tail.splitlines() if line.strip()), type(exc).__name__)
     return first.split(". Please")[0].rstrip(".")
+
 
 def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:
     """Restore a checkpoint written by :func:`save_checkpoint` (``path`` is its folder) into ``state``."""
@@ -117,6 +124,7 @@ def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:
     state.update = int(blob["update"])
     clear_prefix_cache(state.policy)
     return state
+
 
 def clear_prefix_cache(policy) -> None:
     """Drop a policy's cached key/values: they were computed by the old weights."""

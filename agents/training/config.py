@@ -102,12 +102,14 @@ class TrainConfig:
         d["ablations"] = tuple(d.get("ablations", ()))
         return cls(**d)
 
+
 def cpu_config(**overrides: Any) -> TrainConfig:
     """CPU defaults for the tiny model: 8 questions x G=5 per update, 128-token turns, lr 2e-4.
 
     Sized so that a few dozen updates of GRPO and Twice fit in minutes on two cores.
     """
     return replace(TrainConfig(), **overrides)
+
 
 def published_config(**overrides: Any) -> TrainConfig:
     """The method's published settings for real models (256 questions, G = 5, lr 1e-6, 500-token turns)."""
@@ -118,14 +120,17 @@ def published_config(**overrides: Any) -> TrainConfig:
     )
     return replace(base, **overrides)
 
+
 def sampling_config(config: TrainConfig, *, greedy: bool = False) -> SamplingConfig:
     """The sampling settings of a run (greedy for evaluation)."""
     return SamplingConfig(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
                           greedy=greedy, key_mode=effective_twice(config).key_mode)
 
+
 def effective_twice(config: TrainConfig) -> TwiceConfig:
     """The run's twin-credit settings with its ablations applied."""
     return apply_ablations(config.twice, config.ablations)
+
 
 def read_run_config(file: os.PathLike) -> TrainConfig:
     """A run's ``config.json``; a damaged or foreign file raises :class:`~twice_envs.errors.DataFormatError` naming it."""

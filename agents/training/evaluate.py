@@ -19,9 +19,11 @@ def split_size(env_id: str, env_kwargs: dict, split: str) -> Optional[int]:
     qs = getattr(res, "questions", None)
     return len(qs[split]) if qs is not None and split in qs else None
 
+
 def make_tasks(indices: Sequence[int], split: str, indexed: bool) -> list:
     """Tasks named by ``{"split", "index"}`` reset options where the env has splits, else by seed only."""
     return [Task(int(i), {"split": split, "index": int(i)} if indexed else {}) for i in indices]
+
 
 def evaluate(policy, config: TrainConfig, *, questions: Optional[int] = None, split: Optional[str] = None) -> dict:
     """Greedy decoding on the dev split: EM and F1 overall and per dataset."""
@@ -34,12 +36,14 @@ def evaluate(policy, config: TrainConfig, *, questions: Optional[int] = None, sp
                   env_kwargs=config.env_kwargs, noise_seed=12345, max_turns=config.max_turns, window=config.window)
     return summarize_eval(eps)
 
+
 def _dataset_of(ep) -> str:
     d = ep.info.get("dataset")
     if d:
         return str(d)
     tid = str(ep.info.get("task_id", ""))
     return tid.split("_")[0] if "_" in tid else ep.env_id
+
 
 def summarize_eval(episodes) -> dict:
     """EM (with its 95% Wilson interval), F1 and the count of ``episodes``, overall and per dataset;

@@ -49,14 +49,17 @@ from twice_envs.trajectory import atomic_write_text
 class RunExistsError(TwiceError, FileExistsError):
     """The run directory already holds a run, and neither resume nor overwrite was asked for."""
 
+
 def _seed_torch(seed: int) -> None:
     import torch
 
     torch.manual_seed(seed)
     random.seed(seed)
 
+
 def _lr_lambda(warmup: int):
     return lambda step: min(1.0, (step + 1) / max(1, warmup))
+
 
 def init_state(config: TrainConfig, policy) -> TrainState:
     """Freeze a reference copy of ``policy`` and build the optimiser."""
@@ -71,6 +74,7 @@ def init_state(config: TrainConfig, policy) -> TrainState:
     opt = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config.warmup_steps))
     return TrainState(policy, reference, opt, sched, pred.PredictorState(), np.random.default_rng(config.seed))
+
 
 def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) -> dict:
     """PPO-clip + KL on the factual episodes: ``config.minibatches`` AdamW steps."""
@@ -102,6 +106,7 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     clear_prefix_cache(state.policy)
     return agg
 
+
 def mixed_group_share(episodes) -> float:
     """Share of the task groups whose episodes did not all end with the same return.
 
@@ -111,6 +116,7 @@ def mixed_group_share(episodes) -> float:
     for ep in episodes:
         returns.setdefault(ep.group, set()).add(round(float(ep.utility), 9))
     return sum(len(r) > 1 for r in returns.values()) / max(len(returns), 1)
+
 
 def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics."""
@@ -161,6 +167,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     m.update(loss_stats)
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
 
+
 def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool = False, progress: bool = True,
           eval_before: bool = False, log=None) -> list[dict]:
     """Run (or resume) a training run; returns the metrics of the updates run now.
@@ -208,6 +215,7 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
             log(m)
     return results
 
+
 def progress_line(m: dict, total: int) -> str:
     """One line for a finished update: update k/N, reward, EM, tokens, seconds per update (and dev EM if evaluated)."""
     parts = [f"[{m.get('method', 'train')}] update {m['update']}/{total}", f"reward {m['reward']:.3f}"]
@@ -219,6 +227,7 @@ def progress_line(m: dict, total: int) -> str:
     parts.append(f"{m['time']:.1f} s/update")
     return "  ".join(parts)
 
+
 def _check_fresh_run_dir(out: Path, overwrite: bool) -> None:
     # a run is worth protecting once it has a checkpoint or a metrics row
     metrics = out / "metrics.jsonl"
@@ -226,6 +235,7 @@ def _check_fresh_run_dir(out: Path, overwrite: bool) -> None:
     if holds_run and not overwrite:
         raise RunExistsError(f"{out} already holds a run (metrics.jsonl, checkpoint/): continue it with --resume, "
                              f"start it again with --overwrite, or choose another --out")
+
 
 def read_metrics(path: os.PathLike) -> list[dict]:
     """The rows of a ``metrics.jsonl``.
@@ -253,6 +263,7 @@ def read_metrics(path: os.PathLike) -> list[dict]:
             raise DataFormatError(path, i, f"not a metrics row: {exc}") from None
         rows.append(row)
     return rows
+
 
 def _append(path: Path, row: dict) -> None:
     with open(path, "a") as f:
