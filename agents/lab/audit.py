@@ -55,6 +55,7 @@ from twice_envs.agents.credit.gigpo import gigpo_credit
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.lab.plots import plot_credit_scatter
 from twice_envs.agents.lab.runner import (
+    SHOWN_ROWS,
     equal_token_comparisons,
     lab_main,
     per_turn_table,
@@ -282,7 +283,7 @@ def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, p
     pair_rows = [summarize_pair_set(name, p, oracle, config.threshold) for name, p in pair_sets.items()]
     for pr in pair_rows:
         pr["rho_bar"] = cs.per_decision_rho(*rho[pr["method"]])
-    methods = [m for m in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if m in credit]
+    methods = [m for m in SHOWN_ROWS if m in credit]
     return AuditResult(config, oracle, episodes, turns, credit, aux, pairs_of, rows, pair_rows,
                        per_turn_table(oracle, credit, turns, config.threshold, methods),
                        equal_token_comparisons(oracle, credit, aux, idx, config.threshold),
@@ -346,8 +347,7 @@ def format_table(result: AuditResult) -> str:
     for r in result.pair_rows:
         out.write(f"{r['pairs']:<12} {r['rho_pooled']:>10.3f} {r['rho_bar']:>8.3f} {r['tie_share']:>6.2f} "
                   f"{r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
-    write_breakdowns(out, result.per_turn, result.comparisons,
-                     ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2"), ratios=False)
+    write_breakdowns(out, result.per_turn, result.comparisons, SHOWN_ROWS, ratios=False)
     return out.getvalue()
 
 
@@ -383,7 +383,7 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
         buf.write(",".join([str(result.episodes[k]), str(result.turns[k]), f"{result.oracle[k]:.6g}"]
                            + [f"{result.credit[n][k]:.6g}" for n in names]) + "\n")
     atomic_write_text(paths["audit_decisions.csv"], buf.getvalue())
-    shown = [n for n in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2") if n in result.credit]
+    shown = [n for n in SHOWN_ROWS if n in result.credit]
     paths["audit.png"] = plot_credit_scatter(result.oracle, {n: result.credit[n] for n in shown}, result.pairs_of,
                                              {r["method"]: r for r in result.rows}, out_dir / "audit.png")
     return paths

@@ -46,10 +46,10 @@ from twice_envs.agents import stats as cs
 from twice_envs.agents.credit import twice, vineppo
 from twice_envs.agents.credit.gigpo import gigpo_credit
 from twice_envs.agents.credit.predictor import decision_index
+from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.plots import plot_credit_scatter
 from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
-from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.rollout.twins import Twins, credit_step
 from twice_envs.agents.types import EpisodeRecord
 from twice_envs.keys import lab_pair_seed
@@ -304,7 +304,13 @@ def training_time_twice(policy, eps, envs, config: LabAuditConfig) -> tuple[np.n
     return np.concatenate(res.advantages) * scale, res.aux_tokens
 
 
-def per_turn_table(oracle, credit, turns, threshold, methods=("grpo", "gigpo", "twice J1", "crr J1", "vineppo K2")) -> list[dict]:
+#: The rows the per-turn breakdowns show: one of each kind of credit.
+BREAKDOWN_ROWS = ("grpo", "gigpo", "twice J1", "crr J1", "vineppo K2")
+#: The rows the scatter plots (and the LLM audit's breakdowns) show: the same and Twice's training-time credit.
+SHOWN_ROWS = ("grpo", "gigpo", "twice J1", "twice-train", "crr J1", "vineppo K2")
+
+
+def per_turn_table(oracle, credit, turns, threshold, methods=BREAKDOWN_ROWS) -> list[dict]:
     """Pearson and wrong-sign per turn index (turns past 5 pooled)."""
     out = []
     bins = np.minimum(turns, 6)
@@ -396,7 +402,7 @@ def format_lab(res: LabAuditResult) -> str:
               "95% bootstrap CIs over groups\n")
     write_method_table(out, res.rows, name_width=12)
     out.write(f"training-time Twice: realised aux tokens / (beta x policy tokens) = {res.budget_ratio:.3f}\n")
-    write_breakdowns(out, res.per_turn, res.comparisons, ("grpo", "gigpo", "twice J1", "crr J1", "vineppo K2"), ratios=True)
+    write_breakdowns(out, res.per_turn, res.comparisons, BREAKDOWN_ROWS, ratios=True)
     return out.getvalue()
 
 
@@ -415,8 +421,7 @@ def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
                            + [f"{res.credit[n][k]:.6g}" for n in names]) + "\n")
     atomic_write_text(out_dir / "lab_decisions.csv", buf.getvalue())
 
-    png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in ("grpo", "gigpo", "twice J1", "twice-train", "crr J1",
-                                                                      "vineppo K2") if n in res.credit},
+    png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in SHOWN_ROWS if n in res.credit},
                               {n: res.pairs_of[n] for n in res.credit}, {r["method"]: r for r in res.rows},
                               out_dir / "lab_scatter.png")
     return {"json": out_dir / "lab_audit.json", "csv": out_dir / "lab_decisions.csv", "png": png}
