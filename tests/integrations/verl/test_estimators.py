@@ -132,3 +132,28 @@ def test_registered_gigpo_equals_gigpo_credit():
     assert torch.equal(adv, _expected_tokens(rows, expected, mask.shape[1]))
     with pytest.raises(ValueError, match="trainer_mode"):
         est.gigpo_advantages(rewards, mask, uid, None)
+
+
+def test_a_method_registered_in_a_test_reaches_verls_registry():
+    """One registration is all it takes: ``register()`` puts the method into verl's own table,
+    and verl's GRPO keeps its own estimator."""
+    from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY
+
+    from twice_envs.agents.credit.registry import CreditResult, register_credit, unregister_credit
+
+    @register_credit("ones-test", description="credit 1 on every turn (a test method)")
+    def ones(episodes, ctx):
+        return CreditResult([np.ones(len(ep.turns)) for ep in episodes])
+
+    try:
+        est.register()
+        episodes = _batch()
+        rewards, mask, uid, extra, rows = _verl_inputs(episodes, None)
+        adv, _ = get_adv_estimator_fn("ones-test")(token_level_rewards=rewards, response_mask=mask, index=uid,
+                                                  config=OmegaConf.create({}), extra_fields=extra)
+        want = _expected_tokens(rows, [np.ones(len(ep.turns)) for ep in episodes], mask.shape[1])
+        assert torch.equal(adv, want)
+        assert ADV_ESTIMATOR_REGISTRY["grpo"].__module__.startswith("verl.")
+    finally:
+        unregister_credit("ones-test")
+        ADV_ESTIMATOR_REGISTRY.pop("ones-test", None)
