@@ -171,6 +171,9 @@ class TextEnv(gymnasium.Env[str, str]):
     #: :func:`twice_envs.replay.path_kwargs` recognises by themselves); ``replay`` of an
     #: untrusted record refuses to pass them on.
     path_kwargs: tuple[str, ...] = ()
+    #: Whether each task has a gold answer (:meth:`gold_answers`); credit methods that score the
+    #: policy's probability of it (IGPO) refuse envs without one before any rollout.
+    has_gold_answer: bool = False
 
     def __init__(self, *, max_turns: Optional[int] = None, render_mode: Optional[str] = None) -> None:
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):

@@ -30,7 +30,7 @@ import numpy as np
 
 from twice_envs.agents import stats as cs
 from twice_envs.agents.credit import twice
-from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.registry import check_env, get_method
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.plots import plot_bands
@@ -103,6 +103,7 @@ def train_one(method: str, seed: int, config: LearnConfig, *,
     ``beta`` and the warm-up always come from ``config``)."""
     if config.env not in LEARN_ENVS:
         raise ValueError(f"bench learn env must be one of {LEARN_ENVS}, got {config.env!r}")
+    check_env(method, config.env)
     policy = lab_policy(config.env, config.setting, config.text_setting)
     tcfg = replace(twice_config or twice.TwiceConfig(), beta=config.beta, warmup_updates=config.warmup_updates)
     rng = np.random.default_rng([seed, 7])

@@ -35,7 +35,13 @@ NEEDS: dict[str, str] = {
     "counterfactuals": "independent counterfactuals of branched decisions (a fork on fresh noise)",
     "value_rollouts": "independent rollouts from every turn boundary (Monte Carlo state values)",
     "anchor_groups": "per-turn observations, to group the steps that share a state",
+    "critic": "a learned state-value function carried across updates (the caller's critic: values and fit)",
+    "gold_answer": "the policy's probability of the task's gold answer before the first turn and after each "
+                   "turn's observation (envs whose tasks have a gold answer)",
 }
+
+#: The needs that fork the factual episodes (an env that cannot fork cannot serve them).
+FORK_NEEDS = frozenset({"twins", "counterfactuals", "value_rollouts"})
 
 #: The comparisons a method can join by default (when no method list is given).
 BENCHES: dict[str, str] = {
@@ -78,6 +84,12 @@ class CreditContext:
         run_twins: ``(policy, factual, decisions, config, sampling, rng, *, noise_seed) -> Twins``.
         run_values: ``(policy, factual, sampling, *, k, noise_seed, states=None) -> Twins``: ``k`` independent
             rollouts from each turn boundary ``(episode, turn)`` of ``states`` (None: every turn boundary).
+        critic: the caller's state-value function, carried across updates (need ``critic``): an object
+            with ``values(episodes) -> list of arrays`` (``V(s_t)`` before each turn ``t``) and
+            ``fit(episodes, targets) -> dict`` (one update toward per-turn targets; its statistics).
+        answer_probs: ``(policy, episodes) -> list of arrays`` (need ``gold_answer``): per episode,
+            ``T + 1`` probabilities of the task's gold answer under ``policy``, before the first turn and
+            after each turn's observation.
     """
 
     policy: Any = None
@@ -90,12 +102,18 @@ class CreditContext:
     predictor_state: Optional[Any] = None
     run_twins: Optional[Callable] = None
     run_values: Optional[Callable] = None
+    critic: Any = None
+    answer_probs: Optional[Callable] = None
 
-    def need(self, name: str) -> Callable:
-        """The runner of an auxiliary rollout, or an error naming what is missing."""
-        fn = {"twins": self.run_twins, "values": self.run_values}[name]
+    def need(self, name: str) -> Any:
+        """The runner of an auxiliary rollout (``twins``, ``values``), the ``critic`` or the ``answer_probs``
+        function, or an error naming what is missing."""
+        fn = {"twins": self.run_twins, "values": self.run_values, "critic": self.critic,
+              "answer_probs": self.answer_probs}[name]
         if fn is None:
-            raise ValueError(f"this credit method needs {name} rollouts, but the caller gave no runner for them")
+            what = f"{name} rollouts" if name in ("twins", "values") else f"a {name.replace('_', ' ')} function" \
+                if name == "answer_probs" else "a critic"
+            raise ValueError(f"this credit method needs {what}, but the caller gave none")
         return fn
 
 
@@ -185,6 +203,25 @@ def get_method(name: str) -> CreditMethod:
 def methods(bench: Optional[str] = None) -> tuple[str, ...]:
     """Registered method names in registration order (only those a bench runs by default, if given)."""
     return tuple(n for n, m in _REGISTRY.items() if bench is None or bench in m.benches)
+
+
+def check_env(method: str, env_id: str) -> None:
+    """Raise before any rollout when the env ``env_id`` lacks what ``method`` needs, naming both.
+
+    Methods whose needs fork episodes (:data:`FORK_NEEDS`) need an env id that is registered (a fork
+    makes a fresh env of the registered kind); ``gold_answer`` needs an env class whose tasks have a gold
+    answer (its ``has_gold_answer`` attribute, :class:`~twice_envs.core.TextEnv`)."""
+    from twice_envs.registry import entry_point, registry, spec
+
+    m = get_method(method)
+    if m.needs & FORK_NEEDS and env_id not in registry:
+        raise ValueError(f"credit method {method!r} forks episodes, but env {env_id!r} cannot fork (not a registered "
+                         "env id: create envs with twice_envs.make or register them)")
+    if "gold_answer" in m.needs:
+        cls = entry_point(spec(env_id)) if env_id in registry else None
+        if not getattr(cls, "has_gold_answer", False):
+            raise ValueError(f"credit method {method!r} needs each task's gold answer, and env {env_id!r} has none "
+                             "(IGPO's information gain is the change in the policy's probability of the gold answer)")
 
 
 def describe() -> str:

@@ -171,13 +171,17 @@ def credit_step(
     vine_k: int = vineppo.K_ROLLOUTS,
     twins_fn=None,
     values_fn=None,
+    critic=None,
+    answer_probs_fn=None,
 ) -> CreditResult:
     """The per-turn advantages of ``factual`` under the registered credit method ``method``.
 
     The method's auxiliary rollouts run through :func:`run_twins` and
     :func:`run_value_rollouts` (an LLM policy); ``twins_fn`` / ``values_fn`` replace them
-    (same signatures) for policies that are not LLMs (the credit lab's)."""
+    (same signatures) for policies that are not LLMs (the credit lab's). ``critic`` and
+    ``answer_probs_fn`` are the caller's critic and gold-answer probabilities, for the methods that
+    need them (:class:`~twice_envs.agents.credit.registry.CreditContext`)."""
     ctx = CreditContext(policy=policy, sampling=sampling, rng=rng, update=update, noise_seed=noise_seed, twice=config,
                         vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_fn or run_twins,
-                        run_values=values_fn or run_value_rollouts)
+                        run_values=values_fn or run_value_rollouts, critic=critic, answer_probs=answer_probs_fn)
     return get_method(method)(factual, ctx)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from twice_envs.agents.credit import predictor as pred
-from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.registry import check_env, get_method
 from twice_envs.agents.rollout.context import pack_segments
 from twice_envs.agents.rollout.episodes import rollout
 from twice_envs.agents.rollout.twins import credit_step
@@ -182,6 +182,7 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
     ``overwrite`` replaces a run already in ``out_dir``; with neither, a folder that holds
     a run raises :class:`RunExistsError`. ``progress`` prints one line per update to stderr.
     """
+    check_env(config.method, config.env)  # before any rollout: a method the env cannot serve fails by name
     out = Path(config.out_dir)
     ckpt = out / "checkpoint"
     metrics_path = out / "metrics.jsonl"

@@ -89,3 +89,12 @@ def test_a_registered_method_is_a_verl_estimator(zero_method):
     # the same table without the zero method: a real method gives non-zero advantages there
     adv, _ = table["grpo"](rewards, mask, index=["a", "a"])
     assert adv.abs().sum() > 0
+
+
+def test_check_env_refuses_a_forking_method_on_an_env_that_cannot_fork_by_name():
+    from twice_envs.agents.credit.registry import check_env
+
+    check_env("tree-grpo", "SearchToy-v0")  # registered: forks
+    with pytest.raises(ValueError, match=r"'tree-grpo'.*'Unregistered-v0' cannot fork"):
+        check_env("tree-grpo", "Unregistered-v0")
+    check_env("grpo", "Unregistered-v0")  # GRPO forks nothing
