@@ -34,7 +34,7 @@ guarantee: ``D = 0``, nothing generated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import numpy as np
@@ -447,11 +447,11 @@ def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan
     return tw, credit, scale, stats, state
 
 
-@register_credit("twice", display="Twice", description="twin credit on GRPO's term (coupled twins, budget rule)",
-                 needs=("twins",), config=TwiceConfig, benches=("learn", "games"),
-                 verl="twice_envs.integrations.verl.estimators:twin_advantages")
-def twice_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Plan the batch's branches (square-root rule), run the twins, combine, and fit the predictor."""
+def twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Twin credit alone: plan the batch's branches (square-root rule), run the twins and fit the
+    predictor; the result's advantages hold each turn's twin term ``omega A_hat_t / sigma_hat`` (0 at
+    turns not branched). Twice adds it to GRPO's ``A_traj``; compositions add it to their own advantage
+    (:func:`add_twin_terms`)."""
     config = ctx.twice or TwiceConfig()
     state = ctx.predictor_state or predictor.PredictorState()
     plan, X, eta = plan_batch(factual, config, state, ctx.rng, update=ctx.update)
@@ -459,4 +459,23 @@ def twice_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditRe
     new_state, fit = fit_predictor(state, factual, plan, X, eta, credit, config, ctx.rng)
     stats.update(fit)
     stats["warmup"] = ctx.update < config.warmup_updates  # q fixed at warmup_q: not planned to the budget
-    return CreditResult(combine(factual, plan.index, credit.a_hat, config, scale), tw.aux_tokens, stats, new_state)
+    terms = combine(factual, plan.index, credit.a_hat, replace(config, trajectory_term=False), scale)
+    return CreditResult(terms, tw.aux_tokens, stats, new_state)
+
+
+def add_twin_terms(base: Sequence[np.ndarray], factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """``base`` (one array of per-turn advantages per episode) plus the twin terms of :func:`twin_terms`."""
+    res = twin_terms(factual, ctx)
+    res.advantages = [np.asarray(b, dtype=np.float64) + t for b, t in zip(base, res.advantages)]
+    return res
+
+
+@register_credit("twice", display="Twice", description="twin credit on GRPO's term (coupled twins, budget rule)",
+                 needs=("twins",), config=TwiceConfig, benches=("learn", "games"),
+                 verl="twice_envs.integrations.verl.estimators:twin_advantages")
+def twice_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """``A_traj + omega A_hat_t / sigma_hat``: GRPO's group term plus the twin terms (:func:`twin_terms`)."""
+    config = ctx.twice or TwiceConfig()
+    a_traj = episode_advantages([ep.utility for ep in factual], [ep.group for ep in factual])
+    base = [np.full(len(ep.turns), a_traj[i] if config.trajectory_term else 0.0) for i, ep in enumerate(factual)]
+    return add_twin_terms(base, factual, ctx)
