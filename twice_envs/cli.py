@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "play": ("twice_envs.play:play_main", "play an env in the terminal (:fork N, :undo, :save FILE)"),
     "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
     "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
-    "bench": ("twice_envs.cli:bench_main", "benchmarks: " + "noise, searchqa, alfworld, webshop, sampler, rollout, vec, credit, learn, keys, games"),
+    "bench": ("twice_envs.cli:bench_main", "benchmarks (twice bench with no name lists them)"),
     "models": ("twice_envs.agents.models.cli:models_main", "build or inspect models (build-tiny, smollm2)"),
     "rollout": ("twice_envs.agents.cli.rollout:rollout_main", "run an agent on an env and save episodes"),
     "train": ("twice_envs.agents.cli.train:train_main", "train an agent with a registered credit method"),
@@ -40,6 +40,7 @@ BENCHES: dict[str, str] = {
     "keys": "twice_envs.agents.bench.keys:main",
     "ablations": "twice_envs.agents.bench.ablations:main",
     "games": "twice_envs.agents.bench.games:main",
+    "cost": "twice_envs.agents.bench.cost:main",
 }
 
 

@@ -1,0 +1,22 @@
+"""``twice bench cost``: every method's seconds and tokens per update against GRPO's, measured in turns."""
+
+import pytest
+
+from twice_envs.agents.bench.cost import CostConfig, format_cost, run_cost
+
+
+def test_cost_bench_measures_each_method_against_grpo_in_the_same_run():
+    res = run_cost(CostConfig(methods=("grpo-2x",), updates=2, skip=1, questions=2, n_boot=200))
+    grpo, double = res["methods"]["grpo"], res["methods"]["grpo-2x"]
+    assert list(res["methods"]) == ["grpo", "grpo-2x"]  # GRPO always measured, first
+    assert grpo["seconds_vs_grpo"]["value"] == pytest.approx(1.0)
+    assert grpo["tokens_vs_grpo"]["value"] == pytest.approx(1.0)
+    # twice the rollouts per task: more factual tokens, no auxiliary ones, and a tokens ratio that says so
+    assert double["aux"] == 0 and double["generated"] > grpo["generated"]
+    assert double["tokens_vs_grpo"]["value"] == pytest.approx(double["generated"] / grpo["generated"])
+    assert "grpo-2x" in format_cost(res)
+
+
+def test_cost_bench_refuses_updates_it_would_skip_entirely():
+    with pytest.raises(ValueError, match="must exceed skip"):
+        run_cost(CostConfig(methods=("grpo",), updates=1, skip=1))
