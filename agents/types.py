@@ -64,6 +64,8 @@ class EpisodeRecord:
         trajectory: the env's :class:`~twice_envs.Trajectory` as JSON.
         terminated, truncated: how the episode ended.
         info: the final env info entries worth keeping (e.g. ``em``, ``f1``, ``won``).
+            On an env with gold answers, also ``gold_answers`` (the task's accepted answers) and
+            ``gold_actions`` (each as the env's final-answer action text).
         twin_of: for a twin, ``(index of the factual episode in its batch, branch turn)``.
         branch: 0 for a factual episode, ``k >= 1`` for a twin's alternative.
         coupled: for a twin, whether it reads the factual noise after the branch.

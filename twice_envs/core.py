@@ -197,6 +197,16 @@ class TextEnv(gymnasium.Env[str, str]):
         """The env's action protocol (instructions, stop strings)."""
         raise NotImplementedError
 
+    def gold_answers(self) -> tuple[str, ...]:
+        """The current task's accepted answers, as text (envs whose ``has_gold_answer`` is True; call it
+        after ``reset``). An env without gold answers raises ``NotImplementedError``."""
+        raise NotImplementedError(f"{type(self).__name__} has no gold answers (has_gold_answer is False)")
+
+    def answer_action(self, answer: str) -> str:
+        """The action that gives ``answer`` as the final answer, as a policy writes it (default: the
+        answer itself; an env whose answers are wrapped in markup formats them)."""
+        return answer
+
     def _reset(self, options: dict) -> tuple[str, dict]:
         """Start an episode from ``self.np_random``; return the first observation and info."""
         raise NotImplementedError

@@ -85,7 +85,10 @@ SEED_SALTS: Mapping[str, int] = MappingProxyType({
 #: * ``twice-pairs``: the base seed of Twice's diagnostic pairs (independent pairs ``j >= 1``);
 #: * ``crr``: the base seed of CRR's independent counterfactuals;
 #: * ``twice-train``: the base seed of the training-time Twice row's auxiliary rollouts;
-#: * ``coins``: the generator of the evidence coins.
+#: * ``coins``: the generator of the evidence coins;
+#: * ``update-rows``: the base seed (and coins) of every other registered method's update row
+#:   (``index``: the method's place in the registry);
+#: * ``extra-factual``: the further factual episodes of a method that samples more than the group size.
 AUDIT_STREAMS: Mapping[str, int] = MappingProxyType({
     "oracle": 1,
     "vineppo": 2,
@@ -93,6 +96,8 @@ AUDIT_STREAMS: Mapping[str, int] = MappingProxyType({
     "crr": 4,
     "twice-train": 5,
     "coins": 6,
+    "update-rows": 7,
+    "extra-factual": 8,
 })
 
 #: Stride between groups in :func:`lab_episode_seed`'s packed salt (a prime above any group size).

@@ -120,6 +120,22 @@ def entry_point(spec: EnvSpec) -> Callable[..., Any]:
     return getattr(module, attr)
 
 
+def resolve_id(id: str) -> str:
+    """The registry key an id names: ``"twice_envs/X"`` is ``"X"``, and gymnasium's ``"module:Env-v0"``
+    form imports ``module`` (which registers the id) first and names ``"Env-v0"``."""
+    if not isinstance(id, str):
+        raise TypeError(f"env id must be a string, got {type(id).__name__}")
+    if id.startswith("twice_envs/"):
+        id = id[len("twice_envs/") :]
+    if ":" in id:
+        module_name, _, id = id.rpartition(":")
+        try:
+            importlib.import_module(module_name)
+        except ImportError as exc:
+            raise TwiceError(f"cannot import {module_name!r} to register {id!r}: {exc}") from exc
+    return id
+
+
 def make(id: str, **kwargs: Any) -> Any:
     """Create a registered env: ``make("SearchQA-v0", k=5)``.
 
@@ -129,17 +145,7 @@ def make(id: str, **kwargs: Any) -> Any:
     Unknown ids raise with the close matches; unknown kwargs raise with the accepted
     names; a missing optional dependency raises with the pip command that installs it.
     """
-    if not isinstance(id, str):
-        raise TypeError(f"env id must be a string, got {type(id).__name__}")
-    if id.startswith("twice_envs/"):
-        id = id[len("twice_envs/") :]
-    if ":" in id:
-        # gymnasium's "module:Env-v0" form: import the module that registers the id first.
-        module_name, _, id = id.rpartition(":")
-        try:
-            importlib.import_module(module_name)
-        except ImportError as exc:
-            raise TwiceError(f"cannot import {module_name!r} to register {id!r}: {exc}") from exc
+    id = resolve_id(id)
     spec = registry.get(id)
     if spec is None:
         close = difflib.get_close_matches(id, list(registry), n=3, cutoff=0.5)

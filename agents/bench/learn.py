@@ -36,6 +36,8 @@ from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.plots import plot_bands
 from twice_envs.agents.lab.runner import (
     add_setting_args,
+    lab_answer_probs,
+    lab_critic,
     lab_policy,
     lab_runners,
     setting_from_args,
@@ -110,12 +112,14 @@ def train_one(method: str, seed: int, config: LearnConfig, *,
     state = None
     values, aux, ptoks, accounted, warm = [policy.value], [], [], [], []
     group_size = config.group_size * get_method(method).rollouts
+    answer_fn = lab_answer_probs(method)
+    critic = lab_critic(method, policy)  # one per run, carried across its updates (None: not needed)
     for u in range(config.updates):
         eps, envs = toy.toy_rollouts(policy, config.groups, group_size, noise_seed=seed * 100_003 + u)
         tf, vf = lab_runners(envs)
         res = credit_step(method, policy, eps, config=tcfg, sampling=None, rng=rng, update=u,
                           noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k,
-                          twins_fn=tf, values_fn=vf)
+                          twins_fn=tf, values_fn=vf, answer_probs_fn=answer_fn, critic=critic)
         state = res.predictor_state or state
         aux.append(res.aux_tokens)
         accounted.append(float(res.stats.get("aux_accounted", res.aux_tokens)))

@@ -42,6 +42,9 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--questions", type=int, default=None, help="tasks per update")
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--critic-lr", type=float, default=None,
+                   help="critic learning rate, for methods that need a critic (default: 10x the default policy "
+                        "rate, the PPO recipe's ratio)")
     p.add_argument("--beta", type=float, default=None, help="auxiliary budget (Twice/CRR)")
     p.add_argument("--warmup-updates", type=int, default=None,
                    help="Twice's predictor warm-up: updates that branch every decision with q 0.3")
@@ -67,7 +70,8 @@ def train_main(argv: Sequence[str]) -> int:
                             "seed": a.seed, "env_kwargs": env_kwargs, "window": trained_window(model_dir),
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
-                      ("lr", "lr"), ("max_new_tokens", "max_new_tokens"), ("eval_every", "eval_every"),
+                      ("lr", "lr"), ("critic_lr", "critic_lr"), ("max_new_tokens", "max_new_tokens"),
+                      ("eval_every", "eval_every"),
                       ("max_turns", "max_turns"), ("window", "window")):
         if getattr(a, name) is not None:
             over[key] = getattr(a, name)

@@ -10,6 +10,9 @@
 * :mod:`.vineppo` -- Monte Carlo values from forks.
 * :mod:`.ablations` -- one-change variants of Twice, selected by name.
 * :mod:`.tree` -- Tree-GRPO: siblings at turn boundaries, independent or coupled.
+* :mod:`.ppo` -- PPO: turn-level GAE on the caller's critic, alone and with twin terms.
+* :mod:`.igpo` -- IGPO: information-gain turn rewards on the gold answer, alone and with twin terms.
+* :mod:`.at2po` -- AT2PO: entropy-guided siblings, each turn credited with its tree value.
 
 Importing this package registers the built-in methods, in this order. None of them
 touches a model or an env: auxiliary rollouts come through the caller's
@@ -24,6 +27,9 @@ from twice_envs.agents.credit import twice  # noqa: F401
 from twice_envs.agents.credit import crr  # noqa: F401
 from twice_envs.agents.credit import vineppo  # noqa: F401
 from twice_envs.agents.credit import tree  # noqa: F401
+from twice_envs.agents.credit import ppo  # noqa: F401
+from twice_envs.agents.credit import igpo  # noqa: F401
+from twice_envs.agents.credit import at2po  # noqa: F401
 from twice_envs.agents.credit.registry import (  # noqa: F401
     CreditContext, CreditMethod, CreditResult, get_method, methods, register_credit,
 )

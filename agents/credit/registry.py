@@ -211,8 +211,9 @@ def check_env(method: str, env_id: str) -> None:
     Methods whose needs fork episodes (:data:`FORK_NEEDS`) need an env id that is registered (a fork
     makes a fresh env of the registered kind); ``gold_answer`` needs an env class whose tasks have a gold
     answer (its ``has_gold_answer`` attribute, :class:`~twice_envs.core.TextEnv`)."""
-    from twice_envs.registry import entry_point, registry, spec
+    from twice_envs.registry import entry_point, registry, resolve_id, spec
 
+    env_id = resolve_id(env_id)
     m = get_method(method)
     if m.needs & FORK_NEEDS and env_id not in registry:
         raise ValueError(f"credit method {method!r} forks episodes, but env {env_id!r} cannot fork (not a registered "

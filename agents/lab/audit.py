@@ -76,6 +76,8 @@ import numpy as np
 from twice_envs.agents import stats as cs
 from twice_envs.agents.credit import crr, twice, vineppo
 from twice_envs.agents.credit.grpo import episode_advantages
+from twice_envs.agents.credit.registry import check_env, get_method
+from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.lab.plots import plot_credit_scatter
 from twice_envs.agents.lab.runner import (
@@ -102,6 +104,7 @@ from twice_envs.agents.rollout.episodes import (
 from twice_envs.agents.rollout.twins import Twins, credit_step, run_twins
 from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.agents.training.config import cpu_config
+from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.trainer import split_size
 from twice_envs.keys import audit_seed
 from twice_envs.trajectory import atomic_write_text
@@ -191,6 +194,8 @@ class AuditResult:
     oracle_se: np.ndarray = field(default_factory=lambda: np.zeros(0))
     """The standard error of ``A*`` per audited decision (NaN where a state has fewer than two
     rollouts; empty where the oracle is not estimated from rollouts)."""
+    skipped: dict = field(default_factory=dict)
+    """Registered methods without a row, and why (:func:`other_update_rows`)."""
 
     def row(self, method: str) -> dict:
         return next(r for r in self.rows if r["method"] == method)
@@ -262,6 +267,12 @@ def _pair_credit(eps, decisions, twins) -> tuple[list[np.ndarray], list[int], li
     return [a - b for a, b in zip(u, u2)], tokens, [np.stack([a, b], 1) for a, b in zip(u, u2)]
 
 
+def _tasks(config: AuditConfig) -> list[Task]:
+    """The audit's tasks: ``questions`` tasks of its split (by index where the env names tasks so)."""
+    indexed = config.indexed_tasks and split_size(config.env, config.env_kwargs, config.split) is not None
+    return [Task(i, {"split": config.split, "index": i} if indexed else {}) for i in range(config.questions)]
+
+
 def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResult:
     """Sample, estimate the oracle, compute every estimator's credit; see the module docstring."""
 
@@ -270,9 +281,7 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     if config.oracle_rollouts < 1:
         raise ValueError(f"oracle_rollouts must be >= 1, got {config.oracle_rollouts}")
     sampling = SamplingConfig(temperature=config.temperature, max_new_tokens=config.max_new_tokens)
-    indexed = config.indexed_tasks and split_size(config.env, config.env_kwargs, config.split) is not None
-    tasks = [Task(i, {"split": config.split, "index": i} if indexed else {}) for i in range(config.questions)]
-    eps = rollout(policy, config.env, tasks, group_size=config.group_size, sampling=sampling,
+    eps = rollout(policy, config.env, _tasks(config), group_size=config.group_size, sampling=sampling,
                   env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns)
     utilities = [e.utility for e in eps]
     audited = [g * config.group_size for g in range(config.questions)]
@@ -351,10 +360,52 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
         credit["twice"] = a_traj + TwiceConfig().omega * a_hat / scale  # A_traj + omega A_hat / sigma_hat
         aux["twice"], pairs_of["twice"] = res.aux_tokens, 0
         budget["twice"] = {**res.stats, "aux_generated": res.aux_tokens}
+    skipped = other_update_rows(policy, config, eps, decisions, sampling, credit, aux, pairs_of, budget, log)
     log("audit: credit computed; bootstrapping")
-    return summarize_audit(config, oracle, np.array([i for i, _ in decisions]), np.array([t for _, t in decisions]),
+    result = summarize_audit(config, oracle, np.array([i for i, _ in decisions]), np.array([t for _, t in decisions]),
                            credit, aux, pairs_of, pair_sets, v_before, v_after, ptoks, len(audited), utilities,
                            budget, oracle_se, penalty, diagnostic)
+    result.skipped = skipped
+    return result
+
+
+def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, credit, aux, pairs_of, budget,
+                      log=lambda msg: None) -> dict:
+    """Add a row, in place, for every registered method without one: the advantage its registered step gives
+    the audited decisions when it runs on the whole factual batch (every group, so group terms are the
+    groups'; a method sampling ``rollouts > 1`` times the group size gets the further episodes on fresh
+    noise, and their tokens count as its auxiliary ones). Twin terms are planned at the budget from the
+    first update (no warm-up). Returns ``{method: why}`` for the methods left out: those needing a critic
+    trained over updates, and those the env cannot serve (:func:`~twice_envs.agents.credit.registry.check_env`)."""
+    skipped = {}
+    for k, name in enumerate(registered_methods()):
+        if name in credit:
+            continue
+        method = get_method(name)
+        if "critic" in method.needs:
+            skipped[name] = "needs a critic trained over many updates (the lab audit warms one up first)"
+            continue
+        try:
+            check_env(name, config.env)
+        except ValueError as exc:
+            skipped[name] = str(exc)
+            continue
+        extra = []
+        if method.rollouts > 1:
+            extra = rollout(policy, config.env, _tasks(config), group_size=config.group_size * (method.rollouts - 1),
+                            sampling=sampling, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
+                            noise_seed=audit_seed(config.seed, "extra-factual", index=k))
+        seed = audit_seed(config.seed, "update-rows", index=k)
+        res = credit_step(name, policy, list(eps) + list(extra), config=TwiceConfig(beta=config.beta, warmup_updates=0),
+                          sampling=sampling, rng=np.random.default_rng(seed), update=0, noise_seed=seed,
+                          answer_probs_fn=answer_probs if "gold_answer" in method.needs else None)
+        credit[name] = np.array([res.advantages[i][t] for i, t in decisions], dtype=np.float64)
+        aux[name] = int(res.aux_tokens) + sum(e.num_generated_tokens for e in extra)
+        pairs_of[name] = 0
+        if "aux_accounted" in res.stats:
+            budget[name] = {**res.stats, "aux_generated": res.aux_tokens}
+        log(f"audit: {name} update row done")
+    return skipped
 
 
 def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, pairs_of, pair_sets, v_before, v_after,
@@ -450,6 +501,8 @@ def format_table(result: AuditResult) -> str:
         out.write("note: no decision changes the expected outcome measurably (the policy's outcomes do not vary on "
                   "these questions), so the credit rates are undefined\n")
     write_method_table(out, result.rows, name_width=17)
+    for name, why in result.skipped.items():
+        out.write(f"{name}: no row ({why})\n")
     write_budget(out, result.budget, result.gigpo_penalty)
     out.write(f"{'pairs (J=1)':<12} {'rho pooled':>10} {'rho-bar':>8} {'ties':>6} {'reversals':>10} {'Var D':>7}\n")
     for r in result.pair_rows:
@@ -468,7 +521,7 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
     doc = {"config": asdict(result.config), "rows": result.rows, "pairs": result.pair_rows,
            "per_turn": result.per_turn, "comparisons": result.comparisons, "policy_tokens": result.policy_tokens,
            "questions": result.questions, "decisions": len(result.oracle), "budget": result.budget,
-           "gigpo_penalty": result.gigpo_penalty,
+           "gigpo_penalty": result.gigpo_penalty, "skipped": result.skipped,
            "oracle_se": result.oracle_resolution()}
     paths = {"audit.json": out_dir / "audit.json", "audit_decisions.csv": out_dir / "audit_decisions.csv"}
     atomic_write_text(paths["audit.json"], json.dumps(doc, indent=1, default=float))

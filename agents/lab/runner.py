@@ -51,13 +51,13 @@ import numpy as np
 
 from twice_envs import NoiseSchedule
 from twice_envs.agents import stats as cs
-from twice_envs.agents.credit import twice, vineppo
-from twice_envs.agents.credit import gigpo
+from twice_envs.agents.credit import gigpo, twice, vineppo
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.predictor import decision_index
-from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.registry import check_env, get_method
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.lab import toy
+from twice_envs.agents.lab.critic import LabCritic
 from twice_envs.agents.lab.plots import plot_credit_scatter
 from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
 from twice_envs.agents.lab.text_lab import TextLabSetting, text_lab_policy
@@ -115,6 +115,19 @@ def lab_runners(envs: Sequence):
         return Twins(recs, [True] * len(recs), sum(r.num_generated_tokens for r in recs))
 
     return twins_fn, values_fn
+
+
+def lab_answer_probs(method: str):
+    """The ``answer_probs_fn`` of :func:`~twice_envs.agents.rollout.twins.credit_step` for ``method`` on a lab
+    policy: the policy's exact probability of answering (:func:`~twice_envs.agents.lab.toy.answer_probs`) when
+    the method's registered needs include ``gold_answer``, else None."""
+    return toy.answer_probs if "gold_answer" in get_method(method).needs else None
+
+
+def lab_critic(method: str, policy):
+    """A fresh tabular critic (:class:`~twice_envs.agents.lab.critic.LabCritic`, values 0) over ``policy``'s
+    states when ``method``'s registered needs include ``critic``, else None."""
+    return LabCritic(policy) if "critic" in get_method(method).needs else None
 
 
 def replica_pairs(policy, episodes: Sequence[EpisodeRecord], envs: Sequence, decisions: Sequence[tuple[int, int]],
@@ -297,6 +310,11 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     for name in registered_methods():
         if name in credit:
             continue
+        try:
+            check_env(name, policy.env_id)
+        except ValueError as exc:  # e.g. a gold-answer method on CreditToy: left out, with the reason
+            print(f"lab audit: {name} left out: {exc}", file=sys.stderr)
+            continue
         extra, extra_envs = [], []
         rollouts = get_method(name).rollouts
         if rollouts > 1:  # its factual batch: the audited episodes and (rollouts - 1) G more per group
@@ -332,14 +350,37 @@ def update_credit(name: str, policy, eps: Sequence[EpisodeRecord], envs: Sequenc
     more per group on fresh noise, so its baseline mean and std come from ``2 G`` episodes); only the
     audited episodes' advantages are kept. Returns the credit result, the per-decision advantages of
     ``eps`` (in :func:`~twice_envs.agents.credit.predictor.decision_index` order) and the auxiliary
-    tokens: the step's own plus every token of ``extra`` (its extra factual rollouts are its cost)."""
+    tokens: the step's own plus every token of ``extra`` (its extra factual rollouts are its cost).
+
+    A method that needs a critic gets one already fitted on warm-up batches (:func:`warmed_critic`)."""
     batch = list(eps) + list(extra)
     tf, vf = lab_runners(list(envs) + list(extra_envs))
     res = credit_step(name, policy, batch, config=twice.TwiceConfig(beta=config.beta), sampling=None,
                       rng=np.random.default_rng(config.seed + 23), update=0, noise_seed=config.seed + 23,
-                      twins_fn=tf, values_fn=vf)
+                      twins_fn=tf, values_fn=vf, answer_probs_fn=lab_answer_probs(name),
+                      critic=warmed_critic(name, policy, config))
     adv = np.concatenate(res.advantages[:len(eps)]) if eps else np.zeros(0)
     return res, adv, res.aux_tokens + sum(e.num_generated_tokens for e in extra)
+
+
+def warmed_critic(name: str, policy, config: LabAuditConfig):
+    """The lab critic of ``name`` (None when its registered needs do not include ``critic``) after
+    ``config.warmup_batches`` warm-up batches of ``policy``: the batches Twice's predictor warms up on
+    (:func:`training_time_twice`: same sizes and noise seeds), each credited by the method's own step, which
+    fits the critic as training does. The audited batch is never among them."""
+    critic = lab_critic(name, policy)
+    if critic is None:
+        return None
+    rng = np.random.default_rng(config.seed + 29)
+    group_size = config.group_size * get_method(name).rollouts
+    for w in range(config.warmup_batches):
+        weps, wenvs = toy.toy_rollouts(policy, max(8, config.groups // 4), group_size,
+                                       noise_seed=config.seed + 1000 + w)
+        tf, vf = lab_runners(wenvs)
+        credit_step(name, policy, weps, config=twice.TwiceConfig(beta=config.beta), sampling=None, rng=rng,
+                    update=w, noise_seed=config.seed + w, twins_fn=tf, values_fn=vf,
+                    answer_probs_fn=lab_answer_probs(name), critic=critic)
+    return critic
 
 
 def gigpo_row(eps: Sequence[EpisodeRecord], env_id: str,

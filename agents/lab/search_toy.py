@@ -128,14 +128,32 @@ class SearchToyPolicy:
             found, prev = transition(self.config, found, a), a
         return np.array(out)
 
+    def episode_states(self, actions: Sequence[int]) -> list[tuple[int, int, int]]:
+        """The policy's state ``(turn, found, prev)`` before each turn of an episode."""
+        found, prev, out = 0, self.num_actions, []
+        for t, a in enumerate(actions):
+            out.append((t, found, prev))
+            found, prev = transition(self.config, found, a), a
+        return out
+
+    @property
+    def answer_action(self) -> int:
+        """The action index of ``answer`` (the env's gold answer)."""
+        return self.config.queries
+
+    def boundary_states(self, actions: Sequence[int]) -> list[tuple[int, int, int]]:
+        """The policy's states ``(turn, found, prev)`` before the first turn and after each turn
+        (``len(actions) + 1`` of them), as :meth:`state` reads them from a live env."""
+        found, prev, out = 0, self.num_actions, [(0, 0, self.num_actions)]
+        for t, a in enumerate(actions):
+            found, prev = transition(self.config, found, a), (a if a != INVALID else self.num_actions)
+            out.append((t + 1, found, prev))
+        return out
+
     def episode_values(self, actions: Sequence[int]) -> np.ndarray:
         """Exact ``V(s_t)`` along an episode."""
         V, _ = self.values
-        found, prev, out = 0, self.num_actions, []
-        for t, a in enumerate(actions):
-            out.append(V[t, found, prev])
-            found, prev = transition(self.config, found, a), a
-        return np.array(out)
+        return np.array([V[s] for s in self.episode_states(actions)])
 
     def policy_gradient(self, episodes, advantages) -> np.ndarray:
         """Mean over episodes of ``sum_t A_t grad_logits log pi(a_t | s_t)`` for the tabular softmax."""

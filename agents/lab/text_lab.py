@@ -471,6 +471,29 @@ class TextLabPolicy:
             yield t, f, m, p, n, a
             f, m, p = transition(self.config, f, a), n, a
 
+    def episode_states(self, texts: Sequence[str]) -> list[tuple[int, int, int, int]]:
+        """The policy's state ``(turn, found, memory, prev)`` before each turn of an episode (given by its
+        turn texts)."""
+        return [(t, f, m, p) for t, f, m, p, _, _ in self._walk(texts)]
+
+    @property
+    def answer_action(self) -> int:
+        """The action index of ``answer`` (the env's gold answer) in :meth:`action_probs`."""
+        return self.config.queries
+
+    def boundary_states(self, texts: Sequence[str]) -> list[TextLabState]:
+        """The policy's states before the first turn and after each turn (``len(texts) + 1`` of them),
+        as :meth:`state` reads them from a live env."""
+        f, m, p, ids = 0, 0, self.num_actions, []
+        out = [TextLabState(0, f, m, p, 0, ())]
+        for t, text in enumerate(texts):
+            turn = self.encode(text)
+            ids += turn
+            a = self.action_of_ids(turn)
+            f, m, p = transition(self.config, f, a), self.memory_after(m, turn), a
+            out.append(TextLabState(t + 1, f, m, p, len(ids), tuple(ids[-NGRAM:])))
+        return out
+
     def episode_values(self, texts: Sequence[str]) -> np.ndarray:
         """Exact ``V(s_t)`` along an episode (given by its turn texts)."""
         V, _ = self.values

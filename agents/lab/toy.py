@@ -10,7 +10,11 @@ key, and its twins go through the same fork and twin machinery. It provides:
 * ``action_probs(state)``: its distribution over action indices;
 * ``action_text(a)`` / ``action_of(text)``: the env action for an index and back;
 * ``episode_advantages(actions)``, ``episode_values(actions)``: exact ``A(s_t, a_t)`` and
-  ``V(s_t)`` along an episode.
+  ``V(s_t)`` along an episode;
+* ``episode_states(actions)``: the state it conditions on before each turn (a learned
+  critic's table keys).
+* on an env with a gold answer, ``answer_action`` (its action index) and ``boundary_states(actions)``
+  (its states before the first turn and after each turn), for :func:`answer_probs`.
 
 A policy whose turns are one token samples them with :func:`sample_actions` (one keyed
 draw from ``action_probs``). A policy whose turns are several tokens (several lines)
@@ -89,6 +93,10 @@ class ToyPolicy:
     def episode_values(self, actions: Sequence[int]) -> np.ndarray:
         return np.array([exact_value(self, tuple(actions[:t])) for t in range(len(actions))])
 
+    def episode_states(self, actions: Sequence[int]) -> list[tuple[int, tuple[int, ...]]]:
+        """The policy's state ``(turn, history)`` before each turn of an episode."""
+        return [(t, tuple(actions[:t])) for t in range(len(actions))]
+
 
 def toy_policy(seed: int = 2, scale: float = 1.2) -> ToyPolicy:
     """The fixed toy policy used by the tests (seeded normal logits)."""
@@ -128,6 +136,20 @@ def exact_advantage(policy: ToyPolicy, history: Sequence[int], action: int) -> f
     """``A(s, a) = V(s + a) - V(s)``."""
     h = tuple(history)
     return exact_value(policy, h + (action,)) - exact_value(policy, h)
+
+
+def answer_probs(policy, episodes: Sequence[EpisodeRecord]) -> list[np.ndarray]:
+    """The lab policy's exact probability of answering (its gold answer, ``policy.answer_action``) at the
+    state before the first turn and after each turn of every episode: ``T + 1`` values per episode, each
+    ``action_probs(state)[answer_action]`` at the states ``policy.boundary_states`` derives from the turns
+    (a credit context's ``answer_probs``). A policy without a gold answer (CreditToy's) raises."""
+    if not hasattr(policy, "boundary_states") or not hasattr(policy, "answer_action"):
+        raise ValueError(f"the lab policy of {policy.env_id} has no gold answer to score")
+    a = policy.answer_action
+    return [np.array([policy.action_probs(s)[a]
+                      for s in policy.boundary_states([policy.action_of(t.text) for t in ep.turns])],
+                     dtype=np.float64)
+            for ep in episodes]
 
 
 def exact_advantages(policy, episodes: Sequence[EpisodeRecord]) -> list[np.ndarray]:

@@ -123,6 +123,10 @@ def _finish(live: _Live, info: dict, terminated: bool, truncated: bool) -> None:
     rec.utility = float(sum(rec.trajectory["rewards"]))
     keep = _json_info(info)
     keep["turn_cap"] = live.turn_cap
+    env = live.env.unwrapped
+    if getattr(env, "has_gold_answer", False):  # kept to score the policy's probability of the answer later
+        keep["gold_answers"] = [str(g) for g in env.gold_answers()]
+        keep["gold_actions"] = [env.answer_action(str(g)) for g in keep["gold_answers"]]
     rec.info.update(keep)
 
 

@@ -1,6 +1,7 @@
 """Checkpoints of a training run: everything that changes during training, saved and restored exactly.
 
-``checkpoint/state.pt`` holds the model, optimiser, scheduler, predictor and every RNG state,
+``checkpoint/state.pt`` holds the model, optimiser, scheduler, predictor, the critic (weights and
+optimiser, for a method that needs one) and every RNG state,
 as tensors and plain values only, so it is read with ``torch.load(..., weights_only=True)``
 and a crafted file cannot run code.
 """
@@ -34,6 +35,8 @@ class TrainState:
     predictor: pred.PredictorState
     rng: np.random.Generator
     update: int = 0
+    critic: Any = None
+    """The run's critic (:class:`~twice_envs.agents.training.critic.LLMCritic`) when its method needs one."""
 
 
 CHECKPOINT_FORMAT = 1
@@ -64,6 +67,8 @@ def save_checkpoint(state: TrainState, path: os.PathLike) -> None:
         "python_rng": random.getstate(),
         "update": state.update,
     }
+    if state.critic is not None:  # weights and optimiser of the critic (methods that need one)
+        blob["critic"] = state.critic.state_dict()
     tmp = path / "state.pt.tmp"
     torch.save(blob, tmp)
     os.replace(tmp, path / "state.pt")
@@ -122,6 +127,11 @@ def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:
     torch.set_rng_state(blob["torch_rng"])
     random.setstate(blob["python_rng"])
     state.update = int(blob["update"])
+    if state.critic is not None:
+        if "critic" not in blob:
+            raise CheckpointError(f"{Path(path) / 'state.pt'}: this run's method needs a critic, and the checkpoint "
+                                  "holds none (written by a run of another method?)")
+        state.critic.load_state_dict(blob["critic"])
     clear_prefix_cache(state.policy)
     return state
 

@@ -41,7 +41,9 @@ from twice_envs.agents.training.config import (
     effective_twice,
     sampling_config,
 )
+from twice_envs.agents.training.critic import make_critic
 from twice_envs.agents.training.evaluate import evaluate, make_tasks, split_size
+from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.loss import LossConfig, pack, ppo_loss, token_logprobs
 from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.trajectory import atomic_write_text
@@ -74,7 +76,10 @@ def init_state(config: TrainConfig, policy) -> TrainState:
         p.requires_grad_(False)
     opt = torch.optim.AdamW(policy.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(config.warmup_steps))
-    return TrainState(policy, reference, opt, sched, pred.PredictorState(), np.random.default_rng(config.seed))
+    # a method that needs a critic gets one per run, copied from the initial policy (restored on resume)
+    critic = make_critic(policy, config) if "critic" in get_method(config.method).needs else None
+    return TrainState(policy, reference, opt, sched, pred.PredictorState(), np.random.default_rng(config.seed),
+                      critic=critic)
 
 
 def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) -> dict:
@@ -136,7 +141,9 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
                        noise_seed=noise_seed, max_turns=config.max_turns, window=config.window)
     t1 = time.perf_counter()
     credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
-                           update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k)
+                           update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k,
+                           answer_probs_fn=answer_probs if "gold_answer" in get_method(config.method).needs else None,
+                           critic=state.critic)
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state
     t2 = time.perf_counter()
@@ -166,6 +173,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     m["invalid_share"] = m["invalid_turns"] / max(m["turns"], 1)
     for k in ("rho", "self_twin_share", "tie_share", "same_evidence_share", "mean_q", "branched_share",
               "predictor_auc", "discordance", "twins", "cost_scale", "rho_per_decision", "sigma_hat",
+              "value_loss", "explained_variance",
               "aux_target", "aux_planned", "aux_accounted", "aux_generated", "warmup",
               "twin_term_q50", "twin_term_q90", "twin_term_q99", "twin_term_max"):
         if k in credit.stats:

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from twice_envs.agents.credit.grpo import episode_advantages
-
+from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.lab import audit
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
@@ -45,8 +46,12 @@ def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
 
     monkeypatch.setattr(audit, "branch_rollouts", keep)
     res = audit.run_audit(small_policy(0), cfg)
-    assert set(res.credit) == {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2",
-                               "twice-train", "twice", "crr", "vineppo"}
+    own = {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2", "twice-train",
+           "twice", "crr", "vineppo"}
+    # every other registered method has an update row, or says why not (a critic to train; no gold answer here)
+    assert set(res.credit) - own == set(registered_methods()) - own - set(res.skipped)
+    assert res.skipped and all(get_method(m).needs & {"critic", "gold_answer"} for m in res.skipped)
+    assert "grpo-2x" in res.credit and res.aux_tokens["grpo-2x"] > 0  # its further factual episodes
     n = len(res.oracle)
     assert n >= 3 and all(len(c) == n for c in res.credit.values()) and len(res.episodes) == n
     assert res.aux_tokens["grpo"] == res.aux_tokens["gigpo"] == 0
@@ -66,8 +71,9 @@ def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
     np.testing.assert_allclose(res.credit["crr"][replaced], res.credit["crr J1"][replaced])
     raw = res.credit["vineppo K2"]
     np.testing.assert_allclose(res.credit["vineppo"], (raw - raw.mean()) / (raw.std() + 1e-8))
-    assert set(res.budget) == {"twice", "crr"} and res.budget["crr"]["target"] > 0
-    assert all(c["twice"] != "twice" or c["baseline"] == "crr" for c in res.comparisons)
+    assert {"twice", "crr", "tree-grpo"} <= set(res.budget) and res.budget["crr"]["target"] > 0
+    # Twice's update row is compared with every other budgeted update row, at the same budget
+    assert {c["baseline"] for c in res.comparisons if c["twice"] == "twice"} == set(res.budget) - {"twice"}
     for r in res.rows:
         for k in ("wrong_sign", "zero_credit", "pearson", "mse_vs_grpo"):
             e = r[k]
@@ -94,6 +100,7 @@ def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
     assert se["p90_se"] == pytest.approx(np.percentile(res.oracle_se, 90))
     text = audit.format_table(res)
     assert "wrong-sign" in text and "twice-train" in text and "per turn" in text
+    assert all(f"{m}: no row (" in text for m in res.skipped)
     assert f"median {se['median_se']:.3f}, 90th percentile {se['p90_se']:.3f}" in text
     paths = audit.write_outputs(res, tmp_path)
     for p in paths.values():

@@ -39,6 +39,14 @@ def test_task_prompts_round_trip_and_reject_junk():
         twice_trl.parse_task("what is the capital of France?")
 
 
+def test_group_size_scales_with_the_methods_rollouts_and_critic_methods_are_refused():
+    assert twice_trl.num_generations("grpo", 5) == 5 and twice_trl.num_generations("grpo-2x", 5) == 10
+    with pytest.raises(ValueError, match="'ppo' needs a critic"):
+        twice_trl.TwinRollout(twice_trl.TwinRolloutConfig(method="ppo"))
+    with pytest.raises(ValueError, match="'igpo' needs each task's gold answer.*'WebShop-v0'"):
+        twice_trl.TwinRollout(twice_trl.TwinRolloutConfig(method="igpo", env_id="WebShop-v0"))
+
+
 def test_loss_at_ratio_one_is_minus_mean_advantage_over_generated_tokens(trainer):
     t, rollout = trainer
     prompts = [twice_trl.task_prompt(i, {"split": "train", "index": i}) for i in (0, 0, 1, 1)]

@@ -16,6 +16,11 @@ plays the named tasks on a ``twice_envs`` env with the project's keyed sampler
 :class:`TwinCreditGRPOTrainer` replaces TRL's group advantages (one number per
 completion) by the ``(B, T)`` per-token ``twin_advantages``. The dataset's ``prompt``
 column names tasks (:func:`task_prompt`); :func:`task_dataset` builds one.
+
+TRL decides how many episodes a task gets (``num_generations``), so a method registered
+with ``rollouts > 1`` (``grpo-2x``) needs ``num_generations = group size x rollouts``:
+:func:`num_generations` computes it. Methods that need a critic trained alongside the
+policy (``ppo``) are refused: ``GRPOTrainer`` trains no critic.
 """
 
 from __future__ import annotations
@@ -27,11 +32,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from twice_envs._deps import require
-from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.registry import check_env, get_method
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.rollout.episodes import Task, rollout
 from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.agents.sampling.policy import HFPolicy, SamplingConfig
+from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.integrations.episodes import response_row, token_advantages
 
 _trl = require("trl", "trl", "the TRL integration")
@@ -58,6 +64,12 @@ def task_dataset(n: int, *, split: Optional[str] = "train", start: int = 0):
     datasets = require("datasets", "trl", "task_dataset")
     rows = [task_prompt(i, {"split": split, "index": i} if split else {}) for i in range(start, start + n)]
     return datasets.Dataset.from_dict({"prompt": rows})
+
+
+def num_generations(method: str, group_size: int) -> int:
+    """TRL's ``num_generations`` for ``method`` at ``group_size`` episodes per task: the group size times
+    the method's registered ``rollouts`` (``grpo-2x``: 10 for a group of 5)."""
+    return int(group_size) * get_method(method).rollouts
 
 
 def env_utility(completions, utility, **kwargs) -> list[float]:
@@ -93,7 +105,11 @@ class TwinRollout:
     """``rollout_func`` for TRL: episodes with the keyed sampler and per-token credit (see module doc)."""
 
     def __init__(self, config: TwinRolloutConfig = TwinRolloutConfig()) -> None:
-        get_method(config.method)  # an unknown name raises, naming the registered ones
+        method = get_method(config.method)  # an unknown name raises, naming the registered ones
+        if "critic" in method.needs:
+            raise ValueError(f"credit method {config.method!r} needs a critic trained with the policy, and TRL's "
+                             "GRPOTrainer trains none: train it with twice train")
+        check_env(config.method, config.env_id)
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.update = 0
@@ -132,7 +148,8 @@ class TwinRollout:
         episodes = rollout(policy, c.env_id, [parse_task(p) for p, _ in groups], group_size=sizes.pop(),
                            sampling=sampling, env_kwargs=c.env_kwargs, noise_seed=noise_seed, max_turns=c.max_turns)
         credit = credit_step(c.method, policy, episodes, config=c.twice, sampling=sampling, rng=self.rng,
-                               update=self.update, noise_seed=noise_seed, predictor_state=self.predictor_state)
+                               update=self.update, noise_seed=noise_seed, predictor_state=self.predictor_state,
+                               answer_probs_fn=answer_probs if "gold_answer" in get_method(c.method).needs else None)
         if credit.predictor_state is not None:
             self.predictor_state = credit.predictor_state
         self.update += 1

@@ -72,6 +72,7 @@ class SearchQAEnv(TextEnv):
     version = "1"
     reset_options = ("task", "index", "split")
     path_kwargs = ("corpus", "questions", "journal")
+    has_gold_answer = True
 
     def __init__(
         self,
@@ -140,6 +141,14 @@ class SearchQAEnv(TextEnv):
     @property
     def num_searches(self) -> int:
         return self._searches
+
+    def gold_answers(self) -> tuple[str, ...]:
+        """The current question's golden answers (any of them scores EM 1)."""
+        return tuple(self.task.golden_answers)
+
+    def answer_action(self, answer: str) -> str:
+        """``answer`` as a final-answer turn of the protocol: ``<answer> answer </answer>``."""
+        return f"<answer> {answer} </answer>"
 
     # ------------------------------------------------------------------ episode
     def _reset(self, options: dict) -> tuple[str, dict]:

@@ -95,6 +95,7 @@ class SearchToyEnv(TextEnv):
     """Search for ``hops`` facts, then answer (see the module)."""
 
     version = "1"
+    has_gold_answer = True
 
     def __init__(self, *, hops: int = 3, queries: int = 8, useful: int = 4, horizon: int = 10,
                  reward: str = "binary", max_turns: Optional[int] = None,
@@ -124,6 +125,10 @@ class SearchToyEnv(TextEnv):
     def parse(self, action: str) -> int:
         """The action index of an action string (``INVALID`` when it is none)."""
         return parse_action(self.config, action)
+
+    def gold_answers(self) -> tuple[str, ...]:
+        """The text of the answer action (``answer``): the only action that answers."""
+        return (self.config.action_text(self.config.queries),)
 
     def invalid_observation(self, action: str) -> str:
         """What the agent sees after an action :meth:`parse` rejected."""
