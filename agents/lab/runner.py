@@ -352,35 +352,45 @@ def update_credit(name: str, policy, eps: Sequence[EpisodeRecord], envs: Sequenc
     ``eps`` (in :func:`~twice_envs.agents.credit.predictor.decision_index` order) and the auxiliary
     tokens: the step's own plus every token of ``extra`` (its extra factual rollouts are its cost).
 
-    A method that needs a critic gets one already fitted on warm-up batches (:func:`warmed_critic`)."""
+    A method whose step carries state across updates (a critic; the discordance predictor of the twin terms,
+    for methods that need twins) runs after the warm-up batches of :func:`warmed_state`, with that state, and
+    plans its twins at the budget (no warm-up branching on the audited batch)."""
     batch = list(eps) + list(extra)
     tf, vf = lab_runners(list(envs) + list(extra_envs))
-    res = credit_step(name, policy, batch, config=twice.TwiceConfig(beta=config.beta), sampling=None,
-                      rng=np.random.default_rng(config.seed + 23), update=0, noise_seed=config.seed + 23,
-                      twins_fn=tf, values_fn=vf, answer_probs_fn=lab_answer_probs(name),
-                      critic=warmed_critic(name, policy, config))
+    critic, state, update = warmed_state(name, policy, config)
+    res = credit_step(name, policy, batch, config=twice.TwiceConfig(beta=config.beta, warmup_updates=update),
+                      sampling=None, rng=np.random.default_rng(config.seed + 23), update=update,
+                      noise_seed=config.seed + 23, predictor_state=state, twins_fn=tf, values_fn=vf,
+                      answer_probs_fn=lab_answer_probs(name), critic=critic)
     adv = np.concatenate(res.advantages[:len(eps)]) if eps else np.zeros(0)
     return res, adv, res.aux_tokens + sum(e.num_generated_tokens for e in extra)
 
 
-def warmed_critic(name: str, policy, config: LabAuditConfig):
-    """The lab critic of ``name`` (None when its registered needs do not include ``critic``) after
-    ``config.warmup_batches`` warm-up batches of ``policy``: the batches Twice's predictor warms up on
-    (:func:`training_time_twice`: same sizes and noise seeds), each credited by the method's own step, which
-    fits the critic as training does. The audited batch is never among them."""
+def warmed_state(name: str, policy, config: LabAuditConfig):
+    """``(critic, predictor_state, updates)``: the state ``name``'s step carries into the audited batch.
+
+    A method that needs a critic or twins is first run on ``config.warmup_batches`` warm-up batches of
+    ``policy`` (the batches Twice's predictor warms up on in :func:`training_time_twice`: same sizes and
+    noise seeds; its twins branch at the warm-up probability there), each credited by its own step, which
+    fits its critic and its predictor as training does; the audited batch is never among them. Any other
+    method: ``(None, None, 0)``."""
+    needs = get_method(name).needs
     critic = lab_critic(name, policy)
-    if critic is None:
-        return None
+    if not needs & {"critic", "twins"}:
+        return critic, None, 0
     rng = np.random.default_rng(config.seed + 29)
     group_size = config.group_size * get_method(name).rollouts
+    tcfg = twice.TwiceConfig(beta=config.beta, warmup_updates=config.warmup_batches)
+    state = None
     for w in range(config.warmup_batches):
         weps, wenvs = toy.toy_rollouts(policy, max(8, config.groups // 4), group_size,
                                        noise_seed=config.seed + 1000 + w)
         tf, vf = lab_runners(wenvs)
-        credit_step(name, policy, weps, config=twice.TwiceConfig(beta=config.beta), sampling=None, rng=rng,
-                    update=w, noise_seed=config.seed + w, twins_fn=tf, values_fn=vf,
-                    answer_probs_fn=lab_answer_probs(name), critic=critic)
-    return critic
+        res = credit_step(name, policy, weps, config=tcfg, sampling=None, rng=rng, update=w,
+                          noise_seed=config.seed + w, predictor_state=state, twins_fn=tf, values_fn=vf,
+                          answer_probs_fn=lab_answer_probs(name), critic=critic)
+        state = res.predictor_state or state
+    return critic, state, config.warmup_batches
 
 
 def gigpo_row(eps: Sequence[EpisodeRecord], env_id: str,

@@ -136,3 +136,13 @@ def test_the_audit_scores_a_critic_method_with_a_warmed_critic():
     res, adv, _ = update_credit("ppo", policy, eps, envs, [], [], cfg)
     assert res.stats["value_mean"] > 0.2  # the batch's mean return is about 0.5
     assert adv.shape == (sum(len(e.turns) for e in eps),)
+
+
+def test_the_audit_row_of_a_twin_composition_plans_at_the_budget_after_a_warmed_predictor():
+    """Break: running update_credit's step at update 0 under the default warm-up branches at q 0.3, off budget."""
+    cfg = LabAuditConfig(groups=40, warmup_batches=2)
+    policy = lab_policy("SearchToy-v0")
+    eps, envs = toy.toy_rollouts(policy, cfg.groups, cfg.group_size, noise_seed=cfg.seed)
+    res, _, _ = update_credit("ppo-twice", policy, eps, envs, [], [], cfg)
+    assert res.stats["warmup"] is False and res.predictor_state is not None
+    assert res.stats["aux_planned"] == pytest.approx(res.stats["aux_target"], rel=1e-3)
