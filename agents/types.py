@@ -84,6 +84,10 @@ class EpisodeRecord:
         history: for a twin of a windowed episode, the factual turns before the branch
             that its window can still see (its ``prompt_ids`` are then the factual first
             prompt); empty otherwise.
+        prefix: for a factual episode that grew from another one's prefix (tree sampling,
+            :mod:`~twice_envs.agents.credit.allocation`), the number of leading turns copied
+            from it: they were not generated for this episode, and its own decisions start
+            at turn ``prefix``; 0 otherwise.
     """
 
     env_id: str
@@ -106,14 +110,30 @@ class EpisodeRecord:
     pair_utility: Optional[float] = None
     window: Optional[int] = None
     history: list[TurnRecord] = field(default_factory=list)
+    prefix: int = 0
 
     @property
     def num_generated_tokens(self) -> int:
-        return sum(t.num_tokens for t in self.turns)
+        """Tokens generated for this episode (its turns from ``prefix`` on)."""
+        return sum(t.num_tokens for t in self.turns[self.prefix:])
 
     def remaining_tokens(self, turn: int) -> int:
         """Generated tokens from ``turn`` (inclusive) to the end: a twin's cost bound."""
         return sum(t.num_tokens for t in self.turns[turn:])
+
+    def grow(self, continuation: "EpisodeRecord") -> "EpisodeRecord":
+        """A new factual episode grown from this one: its turns before the continuation's branch turn
+        ``t`` (``continuation.twin_of[1]``), copied as ``prefix``, then the continuation's turns, outcome
+        and record (an independent rollout from this episode's boundary ``s_t``, which takes turn ``t``
+        afresh)."""
+        if continuation.twin_of is None:
+            raise ValueError("a continuation names its boundary (twin_of = (episode, turn))")
+        t = int(continuation.twin_of[1])
+        return EpisodeRecord(self.env_id, self.seed, dict(self.options), group=self.group,
+                             prompt_ids=list(self.prompt_ids), turns=list(self.turns[:t]) + list(continuation.turns),
+                             utility=continuation.utility, trajectory=continuation.trajectory,
+                             terminated=continuation.terminated, truncated=continuation.truncated,
+                             info=dict(continuation.info), window=self.window, prefix=t)
 
     def to_json(self) -> dict:
         d = asdict(self)

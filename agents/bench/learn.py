@@ -36,10 +36,9 @@ from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.plots import plot_bands
 from twice_envs.agents.lab.runner import (
     add_setting_args,
-    lab_answer_probs,
     lab_critic,
     lab_policy,
-    lab_runners,
+    lab_step_fns,
     setting_from_args,
     text_setting_from_args,
 )
@@ -112,20 +111,19 @@ def train_one(method: str, seed: int, config: LearnConfig, *,
     state = None
     values, aux, ptoks, accounted, warm = [policy.value], [], [], [], []
     group_size = config.group_size * get_method(method).rollouts
-    answer_fn = lab_answer_probs(method)
     critic = lab_critic(method, policy)  # one per run, carried across its updates (None: not needed)
     for u in range(config.updates):
         eps, envs = toy.toy_rollouts(policy, config.groups, group_size, noise_seed=seed * 100_003 + u)
-        tf, vf = lab_runners(envs)
         res = credit_step(method, policy, eps, config=tcfg, sampling=None, rng=rng, update=u,
-                          noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k,
-                          twins_fn=tf, values_fn=vf, answer_probs_fn=answer_fn, critic=critic)
+                          noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k, critic=critic,
+                          **lab_step_fns(method, envs))
         state = res.predictor_state or state
         aux.append(res.aux_tokens)
         accounted.append(float(res.stats.get("aux_accounted", res.aux_tokens)))
         warm.append(bool(res.stats.get("warmup", False)))
         ptoks.append(sum(e.num_generated_tokens for e in eps))
-        policy = policy.with_logits(policy.logits + config.lr * policy.policy_gradient(eps, res.advantages))
+        trained = res.episodes if res.episodes is not None else eps  # the batch grown by the step, if it grew one
+        policy = policy.with_logits(policy.logits + config.lr * policy.policy_gradient(trained, res.advantages))
         values.append(policy.value)
     return RunTrace(values, aux, ptoks, accounted, warm)
 

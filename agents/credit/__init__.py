@@ -13,6 +13,7 @@
 * :mod:`.ppo` -- PPO: turn-level GAE on the caller's critic, alone and with twin terms.
 * :mod:`.igpo` -- IGPO: information-gain turn rewards on the gold answer, alone and with twin terms.
 * :mod:`.at2po` -- AT2PO: entropy-guided siblings, each turn credited with its tree value.
+* :mod:`.allocation` -- Twice on batches grown by tree sampling or prefix-level allocation.
 
 Importing this package registers the built-in methods, in this order. None of them
 touches a model or an env: auxiliary rollouts come through the caller's
@@ -30,6 +31,7 @@ from twice_envs.agents.credit import tree  # noqa: F401
 from twice_envs.agents.credit import ppo  # noqa: F401
 from twice_envs.agents.credit import igpo  # noqa: F401
 from twice_envs.agents.credit import at2po  # noqa: F401
+from twice_envs.agents.credit import allocation  # noqa: F401
 from twice_envs.agents.credit.registry import (  # noqa: F401
     CreditContext, CreditMethod, CreditResult, get_method, methods, register_credit,
 )

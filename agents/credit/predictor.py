@@ -128,8 +128,9 @@ def is_search_turn(text: str) -> bool:
 
 
 def decision_index(episodes: Sequence[EpisodeRecord]) -> list[tuple[int, int]]:
-    """Every decision ``(episode, turn)`` of a batch, in order."""
-    return [(i, t) for i, ep in enumerate(episodes) for t in range(len(ep.turns))]
+    """Every decision ``(episode, turn)`` of a batch, in order: each episode's own turns, from its
+    ``prefix`` on (turns copied from another episode of the batch are that episode's decisions)."""
+    return [(i, t) for i, ep in enumerate(episodes) for t in range(ep.prefix, len(ep.turns))]
 
 
 def decision_features(episodes: Sequence[EpisodeRecord], index: Optional[Sequence[tuple[int, int]]] = None) -> np.ndarray:

@@ -38,10 +38,12 @@ NEEDS: dict[str, str] = {
     "critic": "a learned state-value function carried across updates (the caller's critic: values and fit)",
     "gold_answer": "the policy's probability of the task's gold answer before the first turn and after each "
                    "turn's observation (envs whose tasks have a gold answer)",
+    "branches": "further factual episodes grown from the batch's turn boundaries on fresh noise, trained on "
+                "as factual episodes (the step returns the batch the loss trains on)",
 }
 
 #: The needs that fork the factual episodes (an env that cannot fork cannot serve them).
-FORK_NEEDS = frozenset({"twins", "counterfactuals", "value_rollouts"})
+FORK_NEEDS = frozenset({"twins", "counterfactuals", "value_rollouts", "branches"})
 
 #: The comparisons a method can join by default (when no method list is given).
 BENCHES: dict[str, str] = {
@@ -59,12 +61,16 @@ class CreditResult:
         aux_tokens: auxiliary tokens generated.
         stats: diagnostics for the metrics file.
         predictor_state: the updated discordance predictor (Twice), None when unchanged.
+        episodes: the factual batch the loss trains on when the step drew further factual
+            episodes (need ``branches``): the given episodes first, in order, then the new ones;
+            ``advantages`` then has one array per episode of it. None: the given episodes.
     """
 
     advantages: list[np.ndarray]
     aux_tokens: int = 0
     stats: dict = field(default_factory=dict)
     predictor_state: Optional[Any] = None
+    episodes: Optional[list] = None
 
 
 @dataclass
@@ -90,6 +96,10 @@ class CreditContext:
         answer_probs: ``(policy, episodes) -> list of arrays`` (need ``gold_answer``): per episode,
             ``T + 1`` probabilities of the task's gold answer under ``policy``, before the first turn and
             after each turn's observation.
+        run_branches: ``(policy, factual, nodes, sampling, *, noise_seed) -> list of EpisodeRecord`` (need
+            ``branches``): for each ``(episode, turn)`` of ``nodes``, a new factual episode that copies the
+            episode's turns before ``turn`` (its ``prefix``) and plays on from there on fresh noise, taking
+            turn ``turn`` afresh; in ``nodes`` order.
     """
 
     policy: Any = None
@@ -104,15 +114,15 @@ class CreditContext:
     run_values: Optional[Callable] = None
     critic: Any = None
     answer_probs: Optional[Callable] = None
+    run_branches: Optional[Callable] = None
 
     def need(self, name: str) -> Any:
-        """The runner of an auxiliary rollout (``twins``, ``values``), the ``critic`` or the ``answer_probs``
-        function, or an error naming what is missing."""
-        fn = {"twins": self.run_twins, "values": self.run_values, "critic": self.critic,
-              "answer_probs": self.answer_probs}[name]
+        """The runner of auxiliary or further factual rollouts (``twins``, ``values``, ``branches``), the
+        ``critic`` or the ``answer_probs`` function, or an error naming what is missing."""
+        fn = {"twins": self.run_twins, "values": self.run_values, "branches": self.run_branches,
+              "critic": self.critic, "answer_probs": self.answer_probs}[name]
         if fn is None:
-            what = f"{name} rollouts" if name in ("twins", "values") else f"a {name.replace('_', ' ')} function" \
-                if name == "answer_probs" else "a critic"
+            what = {"critic": "a critic", "answer_probs": "an answer probs function"}.get(name, f"{name} rollouts")
             raise ValueError(f"this credit method needs {what}, but the caller gave none")
         return fn
 

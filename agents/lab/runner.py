@@ -117,6 +117,21 @@ def lab_runners(envs: Sequence):
     return twins_fn, values_fn
 
 
+def lab_step_fns(method: str, envs: list) -> dict:
+    """Every function :func:`~twice_envs.agents.rollout.twins.credit_step` takes for ``method`` on a lab
+    policy whose factual episodes live in ``envs``: its twins and value rollouts (:func:`lab_runners`),
+    further factual episodes (:func:`~twice_envs.agents.lab.toy.lab_branches`, whose envs join ``envs``,
+    so the twins of a grown episode fork its own env) and the gold answer's probabilities (when the
+    method needs them), as ``credit_step``'s keyword arguments."""
+    twins_fn, values_fn = lab_runners(envs)
+
+    def branches_fn(policy, factual, nodes, sampling, *, noise_seed=0):
+        return toy.lab_branches(policy, factual, envs, nodes, noise_seed=noise_seed)
+
+    return {"twins_fn": twins_fn, "values_fn": values_fn, "branches_fn": branches_fn,
+            "answer_probs_fn": lab_answer_probs(method)}
+
+
 def lab_answer_probs(method: str):
     """The ``answer_probs_fn`` of :func:`~twice_envs.agents.rollout.twins.credit_step` for ``method`` on a lab
     policy: the policy's exact probability of answering (:func:`~twice_envs.agents.lab.toy.answer_probs`) when
@@ -356,12 +371,11 @@ def update_credit(name: str, policy, eps: Sequence[EpisodeRecord], envs: Sequenc
     for methods that need twins) runs after the warm-up batches of :func:`warmed_state`, with that state, and
     plans its twins at the budget (no warm-up branching on the audited batch)."""
     batch = list(eps) + list(extra)
-    tf, vf = lab_runners(list(envs) + list(extra_envs))
     critic, state, update = warmed_state(name, policy, config)
     res = credit_step(name, policy, batch, config=twice.TwiceConfig(beta=config.beta, warmup_updates=update),
                       sampling=None, rng=np.random.default_rng(config.seed + 23), update=update,
-                      noise_seed=config.seed + 23, predictor_state=state, twins_fn=tf, values_fn=vf,
-                      answer_probs_fn=lab_answer_probs(name), critic=critic)
+                      noise_seed=config.seed + 23, predictor_state=state, critic=critic,
+                      **lab_step_fns(name, list(envs) + list(extra_envs)))
     adv = np.concatenate(res.advantages[:len(eps)]) if eps else np.zeros(0)
     return res, adv, res.aux_tokens + sum(e.num_generated_tokens for e in extra)
 
@@ -369,14 +383,14 @@ def update_credit(name: str, policy, eps: Sequence[EpisodeRecord], envs: Sequenc
 def warmed_state(name: str, policy, config: LabAuditConfig):
     """``(critic, predictor_state, updates)``: the state ``name``'s step carries into the audited batch.
 
-    A method that needs a critic or twins is first run on ``config.warmup_batches`` warm-up batches of
+    A method that needs a critic, twins or branches is first run on ``config.warmup_batches`` warm-up batches of
     ``policy`` (the batches Twice's predictor warms up on in :func:`training_time_twice`: same sizes and
     noise seeds; its twins branch at the warm-up probability there), each credited by its own step, which
     fits its critic and its predictor as training does; the audited batch is never among them. Any other
     method: ``(None, None, 0)``."""
     needs = get_method(name).needs
     critic = lab_critic(name, policy)
-    if not needs & {"critic", "twins"}:
+    if not needs & {"critic", "twins", "branches"}:
         return critic, None, 0
     rng = np.random.default_rng(config.seed + 29)
     group_size = config.group_size * get_method(name).rollouts
@@ -385,10 +399,9 @@ def warmed_state(name: str, policy, config: LabAuditConfig):
     for w in range(config.warmup_batches):
         weps, wenvs = toy.toy_rollouts(policy, max(8, config.groups // 4), group_size,
                                        noise_seed=config.seed + 1000 + w)
-        tf, vf = lab_runners(wenvs)
         res = credit_step(name, policy, weps, config=tcfg, sampling=None, rng=rng, update=w,
-                          noise_seed=config.seed + w, predictor_state=state, twins_fn=tf, values_fn=vf,
-                          answer_probs_fn=lab_answer_probs(name), critic=critic)
+                          noise_seed=config.seed + w, predictor_state=state, critic=critic,
+                          **lab_step_fns(name, wenvs))
         state = res.predictor_state or state
     return critic, state, config.warmup_batches
 

@@ -266,6 +266,52 @@ def toy_twins(
     return lab_twins(policy, episodes, envs, decisions, coupled=coupled, branch=branch, fresh_salt=fresh_salt)[0]
 
 
+#: First stream of :func:`lab_branches`' fresh seeds (above every twin and value-rollout stream of the lab).
+BRANCH_STREAMS = 3_000_000_000
+
+
+def lab_branches(policy, episodes: Sequence[EpisodeRecord], envs: list, nodes: Sequence[tuple[int, int]], *,
+                 noise_seed: int = 0) -> list[EpisodeRecord]:
+    """A new factual episode per boundary ``(episode, turn)`` of ``nodes`` (the lab's ``run_branches``):
+    fork the episode's env at ``turn``, take turn ``turn`` afresh and play on, all on a fresh seed, and grow
+    the result onto the episode's earlier turns (:meth:`~twice_envs.agents.types.EpisodeRecord.grow`).
+
+    The new episodes' live envs are appended to ``envs``, in order, so that an ``envs`` list shared with
+    :func:`~twice_envs.agents.lab.runner.lab_runners` forks them like the factual ones. The ``j``-th node's
+    seed is ``lab_independent_seed(noise seed of the episode, BRANCH_STREAMS + 100003 (noise_seed mod 10**6)
+    + j, turn)``."""
+    forks, keys, scheds = [], [], []
+    for j, (i, t) in enumerate(nodes):
+        fork = envs[i].fork(t)
+        sched = NoiseSchedule(lab_independent_seed(episodes[i].options["noise_seed"],
+                                                   BRANCH_STREAMS + 100_003 * (noise_seed % 1_000_000) + j, t))
+        forks.append(fork)
+        scheds.append(sched)
+        keys.append(sched.with_branch(t, 1).key(t))
+    alts = sample_turns(policy, [policy.state(f) for f in forks], keys)
+    conts, live, live_recs = [], [], []
+    for (i, t), fork, sched, alt, key in zip(nodes, forks, scheds, alts, keys):
+        parent = episodes[i]
+        rec = EpisodeRecord(parent.env_id, parent.seed, dict(parent.options), group=parent.group, twin_of=(i, t),
+                            branch=1, coupled=False)
+        tw = twin(fork, alt.text, sched, branch=1)
+        obs, r, term, trunc, info = tw.first_step
+        rec.turns.append(_turn_record(alt, key, obs, r, info["digest"]))
+        conts.append((rec, tw))
+        if tw.done:
+            rec.utility = float(tw.unwrapped.trajectory.total_reward)
+            rec.terminated = tw.unwrapped.trajectory.terminated
+        else:
+            live.append(tw)
+            live_recs.append(rec)
+    _run(policy, live, live_recs)
+    out = []
+    for rec, tw in conts:
+        out.append(episodes[int(rec.twin_of[0])].grow(rec))
+        envs.append(tw)
+    return out
+
+
 def lab_twins(
     policy,
     episodes: Sequence[EpisodeRecord],

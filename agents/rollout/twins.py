@@ -157,6 +157,18 @@ def run_value_rollouts(policy, factual: Sequence[EpisodeRecord], sampling, *, k:
     return Twins(recs, [True] * len(recs), sum(r.num_generated_tokens for r in recs))
 
 
+def run_branches(policy, factual: Sequence[EpisodeRecord], nodes: Sequence[tuple[int, int]], sampling, *,
+                 noise_seed: int = 0) -> list[EpisodeRecord]:
+    """A new factual episode per boundary ``(episode, turn)`` of ``nodes``: an independent rollout from it
+    (turn ``turn`` sampled afresh, fresh noise from there on) grown onto the episode's earlier turns
+    (:meth:`~twice_envs.agents.types.EpisodeRecord.grow`). The ``j``-th node's seed depends on its boundary
+    and ``j``, so a boundary drawn twice gets two different episodes."""
+    requests = [BranchRequest(i, t, branch=1, coupled=False, noise_seed=independent_seed(noise_seed, i, t, 5000 + j))
+                for j, (i, t) in enumerate(nodes)]
+    recs = branch_rollouts(policy, factual, requests, sampling=sampling) if requests else []
+    return [factual[int(r.twin_of[0])].grow(r) for r in recs]
+
+
 def credit_step(
     method: str,
     policy,
@@ -173,15 +185,23 @@ def credit_step(
     values_fn=None,
     critic=None,
     answer_probs_fn=None,
+    branches_fn=None,
 ) -> CreditResult:
     """The per-turn advantages of ``factual`` under the registered credit method ``method``.
 
     The method's auxiliary rollouts run through :func:`run_twins` and
-    :func:`run_value_rollouts` (an LLM policy); ``twins_fn`` / ``values_fn`` replace them
+    :func:`run_value_rollouts`, further factual episodes through :func:`run_branches` (an LLM
+    policy); ``twins_fn`` / ``values_fn`` / ``branches_fn`` replace them
     (same signatures) for policies that are not LLMs (the credit lab's). ``critic`` and
     ``answer_probs_fn`` are the caller's critic and gold-answer probabilities, for the methods that
     need them (:class:`~twice_envs.agents.credit.registry.CreditContext`)."""
     ctx = CreditContext(policy=policy, sampling=sampling, rng=rng, update=update, noise_seed=noise_seed, twice=config,
                         vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_fn or run_twins,
-                        run_values=values_fn or run_value_rollouts, critic=critic, answer_probs=answer_probs_fn)
-    return get_method(method)(factual, ctx)
+                        run_values=values_fn or run_value_rollouts, critic=critic, answer_probs=answer_probs_fn,
+                        run_branches=branches_fn or run_branches)
+    res = get_method(method)(factual, ctx)
+    batch = factual if res.episodes is None else res.episodes
+    if [len(a) for a in res.advantages] != [len(ep.turns) for ep in batch]:
+        raise ValueError(f"credit method {method!r} returned advantages that do not match its batch: one array "
+                         "per episode (of CreditResult.episodes when it grew the batch), one entry per turn")
+    return res

@@ -147,7 +147,10 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state
     t2 = time.perf_counter()
-    loss_stats = policy_update(state, episodes, credit.advantages, config)
+    # a step that grew further factual episodes (need "branches") returns the batch to train on; the
+    # metrics below describe the batch as sampled, the grown episodes' tokens being the step's auxiliary ones
+    trained = credit.episodes if credit.episodes is not None else episodes
+    loss_stats = policy_update(state, trained, credit.advantages, config)
     t3 = time.perf_counter()
     state.update += 1
     gen = sum(e.num_generated_tokens for e in episodes)

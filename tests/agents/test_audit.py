@@ -173,7 +173,7 @@ def test_audit_of_mixed_groups_only_on_the_toy(tmp_path):
 def _record_rollout_seeds(monkeypatch):
     """Wrap the audit's rollout calls; return the list they fill with one entry per rollout:
     ``(stream, seed, episode, turn, branch, replica)``, ``stream`` naming the audit's call it came from
-    (``factual``, ``values #n``, ``twins #n``, ``train``), ``seed`` the fresh noise seed of an independent
+    (``factual``, ``values #n``, ``twins #n``, ``train``, ``branches``), ``seed`` the fresh noise seed of an independent
     rollout or, for a coupled twin, ``("coupled", factual seed)``."""
     from twice_envs.agents.rollout import episodes, twins
 
@@ -216,6 +216,7 @@ def _record_rollout_seeds(monkeypatch):
     monkeypatch.setattr(audit, "branch_rollouts", tagged(audit.branch_rollouts, "values"))
     monkeypatch.setattr(audit, "run_twins", tagged(audit.run_twins, "twins"))
     monkeypatch.setattr(audit, "credit_step", tagged(audit.credit_step, "train"))
+    monkeypatch.setattr(twins, "run_branches", tagged(twins.run_branches, "branches"))
     return seen
 
 
@@ -240,8 +241,10 @@ def test_audit_rollouts_never_share_a_seed(monkeypatch):
         twins_of_pair = [b for *_, b, rep in uses if not rep]
         assert sum(rep for *_, rep in uses) == 1 and len(set(twins_of_pair)) == len(twins_of_pair), uses
     assert shared, "the independent pairs of the diagnostic row share a seed within each pair"
-    # coupled twins read their factual episode's seed, never a fresh one
-    factual_seeds = {seed for s, seed, *_ in seen if s == "factual"}
+    # coupled twins read their factual episode's seed, never a fresh one; an episode grown from a boundary
+    # (methods that grow the batch) is factual, on the fresh seed it grew on
+    factual_seeds = {seed for s, seed, *_ in seen if s in ("factual", "branches")}
+    assert "branches" in streams
     assert {seed[1] for _, seed, *_ in seen if isinstance(seed, tuple)} <= factual_seeds
 
 

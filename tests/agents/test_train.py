@@ -53,7 +53,8 @@ def test_resume_continues_exactly(tmp_path, policy_factory):
     assert any(not torch.equal(v, a_state["model"][k]) for k, v in init.items())
 
 
-@pytest.mark.parametrize("method", ["grpo", "crr", "vineppo", "tree-grpo", "tree-grpo-coupled"])
+@pytest.mark.parametrize("method", ["grpo", "crr", "vineppo", "tree-grpo", "tree-grpo-coupled", "at2po", "ppo-twice",
+                                    "twice-tree", "twice-alloc"])
 def test_every_method_trains_and_logs_its_metrics(tmp_path, policy_factory, method):
     m = train(toy_config(tmp_path, method=method, updates=1), policy=policy_factory(), progress=False)[0]
     for k in ("reward", "em", "generated_tokens", "aux_tokens", "realised_beta", "loss", "kl", "time"):
@@ -285,3 +286,27 @@ def test_a_method_with_more_rollouts_samples_that_many_times_the_group(tmp_path,
     assert m2["turns"] == 2 * m1["turns"] == 54
     assert 1.5 < m2["generated_tokens"] / m1["generated_tokens"] < 2.5
     assert m2["aux_tokens"] == 0 and m2["method"] == "grpo-2x"
+
+
+@pytest.mark.parametrize("method", ["twice-tree", "twice-alloc"])
+def test_a_method_that_grows_the_batch_trains_on_every_episode_it_grew(tmp_path, policy_factory, monkeypatch, method):
+    from twice_envs.agents.training import trainer as trainer_mod
+
+    seen, real = [], trainer_mod.policy_update
+
+    def spy(state, episodes, advantages, config):
+        seen.append((list(episodes), advantages))
+        return real(state, episodes, advantages, config)
+
+    monkeypatch.setattr(trainer_mod, "policy_update", spy)
+    cfg = toy_config(tmp_path, method=method, updates=1)
+    m = train(cfg, policy=policy_factory(), progress=False)[0]
+    episodes, advantages = seen[0]
+    n = cfg.questions_per_update * cfg.group_size
+    roots, grown = episodes[:n], episodes[n:]
+    assert len(grown) == n and all(e.prefix == 0 for e in roots)  # G more per task, after the batch as sampled
+    assert [len(a) for a in advantages] == [len(e.turns) for e in episodes]
+    for g in grown:  # each grown episode copies a root's first turns
+        assert any(r.group == g.group and [t.token_ids for t in r.turns[:g.prefix]] ==
+                   [t.token_ids for t in g.turns[:g.prefix]] for r in roots)
+    assert m["aux_tokens"] >= sum(e.num_generated_tokens for e in grown) > 0

@@ -39,10 +39,12 @@ def test_task_prompts_round_trip_and_reject_junk():
         twice_trl.parse_task("what is the capital of France?")
 
 
-def test_group_size_scales_with_the_methods_rollouts_and_critic_methods_are_refused():
+def test_group_size_scales_with_the_methods_rollouts_and_methods_trl_cannot_serve_are_refused():
     assert twice_trl.num_generations("grpo", 5) == 5 and twice_trl.num_generations("grpo-2x", 5) == 10
     with pytest.raises(ValueError, match="'ppo' needs a critic"):
         twice_trl.TwinRollout(twice_trl.TwinRolloutConfig(method="ppo"))
+    with pytest.raises(ValueError, match="'twice-tree' grows further factual episodes"):
+        twice_trl.TwinRollout(twice_trl.TwinRolloutConfig(method="twice-tree"))
     with pytest.raises(ValueError, match="'igpo' needs each task's gold answer.*'WebShop-v0'"):
         twice_trl.TwinRollout(twice_trl.TwinRolloutConfig(method="igpo", env_id="WebShop-v0"))
 

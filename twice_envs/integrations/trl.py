@@ -109,6 +109,9 @@ class TwinRollout:
         if "critic" in method.needs:
             raise ValueError(f"credit method {config.method!r} needs a critic trained with the policy, and TRL's "
                              "GRPOTrainer trains none: train it with twice train")
+        if "branches" in method.needs:
+            raise ValueError(f"credit method {config.method!r} grows further factual episodes from the batch, and "
+                             "TRL fixes the completions per prompt (num_generations): train it with twice train")
         check_env(config.method, config.env_id)
         self.config = config
         self.rng = np.random.default_rng(config.seed)
