@@ -96,6 +96,11 @@ class RunTrace(NamedTuple):
     """Auxiliary tokens as the budget counts them (the generated ones for methods without a budget)."""
     warmup: list
     """Whether the update was a predictor warm-up (its branching not planned to the budget)."""
+    target: list
+    """The budget the step planned against: ``beta`` x the policy tokens of the batch it credited (a
+    grown batch's included; ``beta`` x ``policy`` for steps that report none)."""
+    generated: list
+    """Auxiliary tokens of the budgeted rollouts (a grown batch's new episodes not included)."""
 
 
 def train_one(method: str, seed: int, config: LearnConfig, *,
@@ -109,7 +114,7 @@ def train_one(method: str, seed: int, config: LearnConfig, *,
     tcfg = replace(twice_config or twice.TwiceConfig(), beta=config.beta, warmup_updates=config.warmup_updates)
     rng = np.random.default_rng([seed, 7])
     state = None
-    values, aux, ptoks, accounted, warm = [policy.value], [], [], [], []
+    values, aux, ptoks, accounted, warm, target, generated = [policy.value], [], [], [], [], [], []
     group_size = config.group_size * get_method(method).rollouts
     critic = lab_critic(method, policy)  # one per run, carried across its updates (None: not needed)
     for u in range(config.updates):
@@ -122,10 +127,12 @@ def train_one(method: str, seed: int, config: LearnConfig, *,
         accounted.append(float(res.stats.get("aux_accounted", res.aux_tokens)))
         warm.append(bool(res.stats.get("warmup", False)))
         ptoks.append(sum(e.num_generated_tokens for e in eps))
+        target.append(float(res.stats.get("aux_target", config.beta * ptoks[-1])))
+        generated.append(float(res.stats.get("aux_generated", res.aux_tokens)))
         trained = res.episodes if res.episodes is not None else eps  # the batch grown by the step, if it grew one
         policy = policy.with_logits(policy.logits + config.lr * policy.policy_gradient(trained, res.advantages))
         values.append(policy.value)
-    return RunTrace(values, aux, ptoks, accounted, warm)
+    return RunTrace(values, aux, ptoks, accounted, warm, target, generated)
 
 
 def first_reach(curve: np.ndarray, target: float) -> Optional[int]:
@@ -139,15 +146,16 @@ def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
     for m in config.methods:
         traces = [train_one(m, config.seed + s, config) for s in range(config.seeds)]
         curves[m] = np.array([tr.values for tr in traces])
-        a_tok, p_tok, c_tok = (np.array([getattr(tr, k) for tr in traces]) for k in ("aux", "policy", "accounted"))
+        a_tok, p_tok, c_tok, t_tok, g_tok = (np.array([getattr(tr, k) for tr in traces])
+                                             for k in ("aux", "policy", "accounted", "target", "generated"))
         # warm-up updates (Twice's predictor) branch every decision at a fixed q, ignoring the budget
         post = ~np.array([tr.warmup for tr in traces], dtype=bool)
-        target = config.beta * p_tok[post].sum()
+        target = t_tok[post].sum()
         tokens[m] = {"aux": int(a_tok.sum()), "policy": int(p_tok.sum()),
                      "aux_per_policy": float(a_tok.sum() / p_tok.sum()),
                      # accounted as the budget counts them, and truly generated (NaN: every update a warm-up)
                      "budget_ratio": float(c_tok[post].sum() / target) if target > 0 else float("nan"),
-                     "generated_ratio": float(a_tok[post].sum() / target) if target > 0 else float("nan")}
+                     "generated_ratio": float(g_tok[post].sum() / target) if target > 0 else float("nan")}
         log(f"{m}: final V(s0) {curves[m][:, -1].mean():.3f}")
     target = float(curves["grpo"][:, -1].mean()) if "grpo" in curves else float("nan")
     rng = np.random.default_rng(config.seed)

@@ -403,7 +403,7 @@ def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, cre
         aux[name] = int(res.aux_tokens) + sum(e.num_generated_tokens for e in extra)
         pairs_of[name] = 0
         if "aux_accounted" in res.stats:
-            budget[name] = {**res.stats, "aux_generated": res.aux_tokens}
+            budget[name] = {"aux_generated": res.aux_tokens, **res.stats}  # a grown batch: twins only
         log(f"audit: {name} update row done")
     return skipped
 

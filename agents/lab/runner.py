@@ -338,7 +338,7 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
         res, credit[name], aux[name] = update_credit(name, policy, eps, envs, extra, extra_envs, config)
         pairs_of[name] = 0
         if "aux_accounted" in res.stats:
-            budget_rows[name] = {**res.stats, "aux_generated": res.aux_tokens}
+            budget_rows[name] = {"aux_generated": res.aux_tokens, **res.stats}  # a grown batch: twins only
     log("lab audit: credit computed; bootstrapping")
 
     idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=groups, seed=config.seed))

@@ -18,7 +18,8 @@ from twice_envs.agents.types import EpisodeRecord, TurnRecord
 
 def _episode(group, turns, utility=0.0, tokens=1):
     return EpisodeRecord("CreditToy-v0", 0, {}, group=group, utility=utility,
-                         turns=[TurnRecord([t] * tokens, [0.0] * tokens, f"a{t}", (0, t, 0, 0, 0)) for t in range(turns)])
+                         turns=[TurnRecord([t] * tokens, [0.0] * tokens, f"a{t}", (0, t, 0, 0, 0))
+                                for t in range(turns)])
 
 
 def test_a_grown_episode_copies_the_prefix_and_owns_only_its_own_decisions_and_tokens():
