@@ -63,7 +63,9 @@ class EpisodeRecord:
         utility: the episode's outcome used for credit (sum of rewards by default).
         trajectory: the env's :class:`~twice_envs.Trajectory` as JSON.
         terminated, truncated: how the episode ended.
-        info: the final env info entries worth keeping (e.g. ``em``, ``f1``, ``won``).
+        info: the final env info entries worth keeping (e.g. ``em``, ``f1``, ``won``), and
+            ``measures``: the env's own measures of the episode, headline first
+            (:meth:`~twice_envs.core.TextEnv.measures`).
             On an env with gold answers, also ``gold_answers`` (the task's accepted answers) and
             ``gold_actions`` (each as the env's final-answer action text).
         twin_of: for a twin, ``(index of the factual episode in its batch, branch turn)``.
@@ -121,6 +123,12 @@ class EpisodeRecord:
         """Generated tokens from ``turn`` (inclusive) to the end: a twin's cost bound."""
         return sum(t.num_tokens for t in self.turns[turn:])
 
+    @property
+    def measures(self) -> dict:
+        """The env's measures of this episode (``info["measures"]``, headline first; an episode recorded
+        without them: ``{"return": utility}``)."""
+        return dict(self.info.get("measures") or {"return": float(self.utility)})
+
     def grow(self, continuation: "EpisodeRecord") -> "EpisodeRecord":
         """A new factual episode grown from this one: its turns before the continuation's branch turn
         ``t`` (``continuation.twin_of[1]``), copied as ``prefix``, then the continuation's turns, outcome
@@ -158,3 +166,11 @@ class EpisodeRecord:
         if d.get("twin_of") is not None:
             d["twin_of"] = tuple(d["twin_of"])
         return cls(turns=turns, history=history, **d)
+
+
+def measure_means(episodes) -> dict:
+    """The mean of each of the env's measures over ``episodes`` (the first episode's names, headline first)."""
+    if not episodes:
+        return {}
+    names = list(episodes[0].measures)
+    return {k: sum(float(e.measures.get(k, 0.0)) for e in episodes) / len(episodes) for k in names}

@@ -202,6 +202,12 @@ class TextEnv(gymnasium.Env[str, str]):
         after ``reset``). An env without gold answers raises ``NotImplementedError``."""
         raise NotImplementedError(f"{type(self).__name__} has no gold answers (has_gold_answer is False)")
 
+    def measures(self, info: dict, total_reward: float) -> dict[str, float]:
+        """The env's own measures of a finished episode, from its last ``info`` and its total reward,
+        headline first (what training progress and evaluations report: EM for SearchQA, success and
+        score for WebShop, success for ALFWorld). Default: ``{"return": total_reward}``."""
+        return {"return": float(total_reward)}
+
     def answer_action(self, answer: str) -> str:
         """The action that gives ``answer`` as the final answer, as a policy writes it (default: the
         answer itself; an env whose answers are wrapped in markup formats them)."""

@@ -14,8 +14,15 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from twice_envs.agents.models.dirs import SMOLLM2_NAME
 from twice_envs.agents.models.load import load_policy, resolve_model_dir
-from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
+from twice_envs.agents.models.recipes import (
+    NAMED_MODELS,
+    env_fit_warning,
+    model_for_env,
+    trained_env_kwargs,
+    trained_window,
+)
 from twice_envs.agents.rollout.episodes import Task, rollout
 from twice_envs.agents.sampling.devices import device_arg
 from twice_envs.agents.sampling.policy import SamplingConfig
@@ -55,6 +62,24 @@ def load_episodes(path: str | Path) -> list[EpisodeRecord]:
     return out
 
 
+def model_help() -> str:
+    """The ``--model`` help of the commands that play an env."""
+    own = ", ".join(f"{e}: {model_for_env(e)}" for e in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0"))
+    return (f"a shipped model ({', '.join(NAMED_MODELS)}, {SMOLLM2_NAME}) or a local Hugging Face model "
+            f"directory (default: the env's own shipped start model; {own})")
+
+
+def env_model(model: str | None, env_id: str) -> tuple[str, Path]:
+    """The model a command plays ``env_id`` with (``model``, or the env's shipped start model when None)
+    and its folder; prints a warning to stderr when the model was built for another env."""
+    name = model or model_for_env(env_id)
+    path = resolve_model_dir(name)
+    warning = env_fit_warning(name, path, env_id)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    return name, path
+
+
 def parse_env_kwargs(parser: argparse.ArgumentParser, text: str) -> dict:
     """The value of an ``--env-kwargs`` option: a JSON object, else a usage error of ``parser``."""
     try:
@@ -70,7 +95,7 @@ def rollout_main(argv: Sequence[str]) -> int:
     """``twice rollout --env ID --model tiny --episodes N --out FILE``."""
     parser = argparse.ArgumentParser(prog="twice rollout", description="Run a model on an env and save the episodes.")
     parser.add_argument("--env", required=True, help="env id, e.g. SearchQA-v0")
-    parser.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local Hugging Face model directory")
+    parser.add_argument("--model", default=None, help=model_help())
     parser.add_argument("--episodes", type=int, default=4, help="number of tasks (each run --group times)")
     parser.add_argument("--group", type=int, default=1, help="episodes per task (a GRPO group)")
     parser.add_argument("--out", required=True, help="output JSON lines file")
@@ -92,8 +117,8 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--show", action="store_true", help="print each episode's turns")
     args = parser.parse_args(argv)
 
+    args.model, model_dir = env_model(args.model, args.env)
     policy = load_policy(args.model, backend=args.backend, device=args.device)
-    model_dir = resolve_model_dir(args.model)
     window = trained_window(model_dir) if args.window is None else args.window
     if args.env_kwargs is None:
         env_kwargs = trained_env_kwargs(model_dir, args.env)

@@ -10,15 +10,15 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import stats as cs
-from twice_envs.agents.cli.rollout import parse_env_kwargs
+from twice_envs.agents.cli.rollout import env_model, model_help, parse_env_kwargs
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
+from twice_envs.agents.models.dirs import SMOLLM2_NAME
 from twice_envs.agents.models.load import (
     load_policy,
     load_run_policy,
-    resolve_model_dir,
 )
-from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
+from twice_envs.agents.models.recipes import NAMED_MODELS, trained_env_kwargs, trained_window
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
 from twice_envs.agents.training.trainer import read_metrics, train
@@ -27,14 +27,14 @@ from twice_envs.agents.training.trainer import read_metrics, train
 def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--env", default="SearchQA-v0", help="env id (default SearchQA-v0)")
-    p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local HF model directory")
+    p.add_argument("--model", default=None, help=model_help())
     return p
 
 
 def train_main(argv: Sequence[str]) -> int:
     """``twice train --env ENV --model MODEL --method METHOD [--ablation ...]``."""
     p = _parser("twice train")
-    p.description = "Train an agent with a registered credit method (CPU defaults for --model tiny)."
+    p.description = "Train an agent with a registered credit method (CPU defaults for the shipped models)."
     p.add_argument("--method", choices=methods(), default="twice", help="credit method: " + describe())
     p.add_argument("--ablation", action="append", default=[], choices=sorted(ABLATIONS),
                    help="a Twice ablation (repeatable)")
@@ -63,8 +63,8 @@ def train_main(argv: Sequence[str]) -> int:
                    help="JSON kwargs for the env, over those a tiny model was trained with (e.g. show_admissible)")
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
     a = p.parse_args(argv)
-    base = cpu_config() if a.model == "tiny" and not a.published else published_config()
-    model_dir = resolve_model_dir(a.model)
+    a.model, model_dir = env_model(a.model, a.env)
+    base = cpu_config() if a.model in NAMED_MODELS and not a.published else published_config()
     env_kwargs = {**trained_env_kwargs(model_dir, a.env), **parse_env_kwargs(p, a.env_kwargs)}
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
                             "seed": a.seed, "env_kwargs": env_kwargs, "window": trained_window(model_dir),
@@ -124,8 +124,12 @@ def eval_main(argv: Sequence[str]) -> int:
     p.add_argument("--split", default="dev")
     p.add_argument("--questions", type=int, default=None)
     a = p.parse_args(argv)
-    if a.checkpoint in ("tiny", "smollm2-135m"):
-        policy, cfg = load_policy(a.checkpoint), cpu_config(model=a.checkpoint)
+    if a.checkpoint in NAMED_MODELS or a.checkpoint == SMOLLM2_NAME:
+        env = a.env or "SearchQA-v0"
+        _, path = env_model(a.checkpoint, env)  # warns when the model was built for another env
+        policy = load_policy(a.checkpoint)
+        cfg = cpu_config(model=a.checkpoint, env=env, env_kwargs=trained_env_kwargs(path, env),
+                         window=trained_window(path))
     else:
         policy, cfg = load_run_policy(a.checkpoint)
     if a.env:
@@ -133,6 +137,8 @@ def eval_main(argv: Sequence[str]) -> int:
     res = evaluate(policy, cfg, questions=a.questions, split=a.split)
     lo, hi = res["em_ci"]
     print(f"{cfg.env} {a.split}: EM {res['em']:.3f} [95% CI {lo:.3f}, {hi:.3f}]  F1 {res['f1']:.3f}  (n={res['n']})")
+    if res["measure"] != "em":  # a game: its own measures
+        print("  " + "  ".join(f"{k} {res[k]:.3f}" for k in res["measures"]))
     for name, r in res["per_dataset"].items():
         print(f"  {name:<16} EM {r['em']:.3f}  F1 {r['f1']:.3f}  (n={r['n']})")
     return 0

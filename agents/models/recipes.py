@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -270,6 +270,41 @@ def _trained_config(path: os.PathLike) -> dict:
         raise ValueError(f"{meta}: not a readable model description ({exc})") from exc
     config = info.get("config") if isinstance(info, dict) else None
     return config if isinstance(config, dict) else {}
+
+
+def transcript_shares(config: dict) -> dict:
+    """Each env's share of the transcripts a recipe's config (a :class:`TinyModelConfig` as a dict)
+    writes: ``episodes_by_env`` where it names the env, else ``episodes_per_env``."""
+    envs = list(config.get("envs") or ())
+    by_env = config.get("episodes_by_env") or {}
+    counts = {e: float(by_env.get(e, config.get("episodes_per_env", 0)) or 0) for e in envs}
+    total = sum(counts.values())
+    return {e: c / total for e, c in counts.items()} if total > 0 else {}
+
+
+def model_for_env(env_id: str) -> str:
+    """The shipped start model of ``env_id``: the named model whose recipe gives the env the largest
+    share of its transcripts (``tiny`` for SearchQA, ``tiny-webshop`` for WebShop, ``tiny-alfworld`` for
+    ALFWorld); ``tiny`` for an env no recipe plays."""
+    shares = {name: transcript_shares(asdict(RECIPES[recipe])).get(env_id, 0.0) for name, recipe in NAMED_MODELS.items()}
+    best = max(shares, key=lambda n: shares[n])
+    return best if shares[best] > 0 else TINY_NAME
+
+
+def env_fit_warning(model: str, path: os.PathLike, env_id: str) -> Optional[str]:
+    """A warning when the model at ``path`` (named ``model``) was built for another env than ``env_id``:
+    its transcripts are mostly of another env (None for models without a build record, and for a
+    model whose largest share of transcripts is ``env_id``'s)."""
+    shares = transcript_shares(_trained_config(path))
+    if not shares:
+        return None
+    main = max(shares, key=lambda e: shares[e])
+    if main == env_id:
+        return None
+    own = model_for_env(env_id)
+    hint = f"; the shipped start model for {env_id} is {own} (--model {own})" if own != model else ""
+    return (f"warning: model {model!r} was trained for {main} ({100 * shares[main]:.0f}% of its transcripts; "
+            f"{env_id}: {100 * shares.get(env_id, 0.0):.0f}%), not for {env_id}{hint}")
 
 
 def trained_env_kwargs(path: os.PathLike, env_id: str) -> dict:

@@ -124,6 +124,7 @@ def _finish(live: _Live, info: dict, terminated: bool, truncated: bool) -> None:
     keep = _json_info(info)
     keep["turn_cap"] = live.turn_cap
     env = live.env.unwrapped
+    keep["measures"] = {k: float(v) for k, v in env.measures(info, rec.utility).items()}
     if getattr(env, "has_gold_answer", False):  # kept to score the policy's probability of the answer later
         keep["gold_answers"] = [str(g) for g in env.gold_answers()]
         keep["gold_actions"] = [env.answer_action(str(g)) for g in keep["gold_answers"]]

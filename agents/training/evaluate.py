@@ -10,6 +10,7 @@ import twice_envs
 from twice_envs.agents.rollout.episodes import Task, rollout
 from twice_envs.agents.stats import wilson
 from twice_envs.agents.training.config import TrainConfig, sampling_config
+from twice_envs.agents.types import measure_means
 
 
 def split_size(env_id: str, env_kwargs: dict, split: str) -> Optional[int]:
@@ -46,7 +47,8 @@ def _dataset_of(ep) -> str:
 
 
 def summarize_eval(episodes) -> dict:
-    """EM (with its 95% Wilson interval), F1 and the count of ``episodes``, overall and per dataset;
+    """EM (with its 95% Wilson interval), F1 and the count of ``episodes``, overall and per dataset, and
+    the mean of each of the env's own measures, the headline one named by ``measure``;
     ``outcomes`` holds each episode's EM in order, so that two evaluations on the same questions
     pair up."""
     def em(ep):
@@ -58,6 +60,10 @@ def summarize_eval(episodes) -> dict:
     ems = [em(e) for e in episodes]
     out = {"em": float(np.mean(ems)), "em_ci": list(wilson(sum(ems), len(ems))),
            "f1": float(np.mean([f1(e) for e in episodes])), "n": len(episodes), "outcomes": ems, "per_dataset": {}}
+    # the env's own measures, headline first (EM for SearchQA, success for the games)
+    means = measure_means(episodes)
+    out.update(means)
+    out["measure"], out["measures"] = next(iter(means), "em"), list(means)
     for name in sorted({_dataset_of(e) for e in episodes}):
         sel = [e for e in episodes if _dataset_of(e) == name]
         out["per_dataset"][name] = {"em": float(np.mean([em(e) for e in sel])), "f1": float(np.mean([f1(e) for e in sel])),

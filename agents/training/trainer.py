@@ -45,6 +45,7 @@ from twice_envs.agents.training.critic import make_critic
 from twice_envs.agents.training.evaluate import evaluate, make_tasks, split_size
 from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.loss import LossConfig, pack, ppo_loss, token_logprobs
+from twice_envs.agents.types import measure_means
 from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.trajectory import atomic_write_text
 
@@ -158,7 +159,9 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         "update": u + 1,
         "method": config.method,
         "reward": float(np.mean([e.utility for e in episodes])),
-        "em": float(np.mean([float(e.info.get("em", e.utility > 0)) for e in episodes])),
+        # the env's own measures (EM and F1 for SearchQA, success and score for WebShop, success for ALFWorld)
+        **measure_means(episodes),
+        "measures": list(measure_means(episodes)),
         "generated_tokens": gen,
         "aux_tokens": int(credit.aux_tokens),
         "realised_beta": credit.aux_tokens / max(gen, 1),
@@ -237,10 +240,12 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
 def progress_line(m: dict, total: int) -> str:
     """One line for a finished update: update k/N, reward, EM, tokens, seconds per update (and dev EM if evaluated)."""
     parts = [f"[{m.get('method', 'train')}] update {m['update']}/{total}", f"reward {m['reward']:.3f}"]
-    if m.get("em") is not None:
-        parts.append(f"EM {m['em']:.3f}")
+    parts += [f"{name} {m[name]:.3f}" for name in m.get("measures", ()) if m.get(name) is not None]
+    if m.get("invalid_share") is not None:
+        parts.append(f"invalid {100 * m['invalid_share']:.1f}%")
     if isinstance(m.get("eval"), dict):
-        parts.append(f"dev EM {m['eval']['em']:.3f}")
+        ev = m["eval"]
+        parts.append(f"dev {ev.get('measure', 'em')} {ev[ev.get('measure', 'em')]:.3f}")
     parts.append(f"tokens {m['generated_tokens']}" + (f" (+{m['aux_tokens']} aux)" if m.get("aux_tokens") else ""))
     parts.append(f"{m['time']:.1f} s/update")
     return "  ".join(parts)

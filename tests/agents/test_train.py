@@ -57,8 +57,10 @@ def test_resume_continues_exactly(tmp_path, policy_factory):
                                     "twice-tree", "twice-alloc"])
 def test_every_method_trains_and_logs_its_metrics(tmp_path, policy_factory, method):
     m = train(toy_config(tmp_path, method=method, updates=1), policy=policy_factory(), progress=False)[0]
-    for k in ("reward", "em", "generated_tokens", "aux_tokens", "realised_beta", "loss", "kl", "time"):
+    for k in ("reward", "generated_tokens", "aux_tokens", "realised_beta", "loss", "kl", "time", "invalid_share"):
         assert k in m
+    # the env's own measures: CreditToy reports its return
+    assert m["measures"] == ["return"] and m["return"] == pytest.approx(m["reward"])
     assert 0.0 <= m["mixed_groups"] <= 1.0
     assert m["generated_tokens"] > 0
     if method == "grpo":
@@ -245,10 +247,11 @@ def test_training_prints_a_line_per_update_to_stderr(tmp_path, policy_factory, c
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 2, err
     for k, (line, row) in enumerate(zip(err, m), 1):
-        assert line.startswith(f"[twice] update {k}/2  reward {row['reward']:.3f}  EM {row['em']:.3f}  ")
+        assert line.startswith(f"[twice] update {k}/2  reward {row['reward']:.3f}  return {row['return']:.3f}  "
+                               f"invalid {100 * row['invalid_share']:.1f}%  ")
         assert f"tokens {row['generated_tokens']} (+{row['aux_tokens']} aux)" in line
         assert line.endswith(f"  {row['time']:.1f} s/update")
-    assert f"dev EM {m[1]['eval']['em']:.3f}" in err[1] and "dev EM" not in err[0]
+    assert f"dev return {m[1]['eval']['return']:.3f}" in err[1] and "dev " not in err[0]
     train(toy_config(tmp_path / "quiet", updates=1), policy=policy_factory(), progress=False)
     assert capsys.readouterr().err == ""
 

@@ -77,3 +77,24 @@ def test_budget_summary_counts_the_updates_past_the_warm_up():
     assert b["accounted"]["lo"] <= b["accounted"]["value"] <= b["accounted"]["hi"]
     assert "accounted 1.050" in format_budget(b, 0.7)
     assert budget_summary(rows[:1]) is None and budget_summary([{"aux_tokens": 0}]) is None
+
+
+def test_each_env_defaults_to_its_own_shipped_model_and_a_foreign_model_is_named(monkeypatch, capsys):
+    from twice_envs.agents.cli import train as train_cli
+    from twice_envs.agents.cli.rollout import env_model, model_help
+    from twice_envs.agents.models.recipes import model_for_env
+
+    assert [model_for_env(e) for e in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0")] == \
+        ["tiny", "tiny-webshop", "tiny-alfworld"]
+    assert all(name in model_help() for name in ("tiny", "tiny-webshop", "tiny-alfworld", "smollm2-135m"))
+    assert env_model(None, "WebShop-v0")[0] == "tiny-webshop" and capsys.readouterr().err == ""
+    env_model("tiny", "WebShop-v0")
+    err = capsys.readouterr().err
+    assert "'tiny' was trained for SearchQA-v0" in err and "--model tiny-webshop" in err
+    seen = {}
+    monkeypatch.setattr(train_cli, "train", lambda cfg, **kw: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr(train_cli, "load_policy", lambda name: name)
+    assert train_cli.train_main(["--env", "WebShop-v0", "--out", "/nonexistent/unused"]) == 0
+    cfg = seen["cfg"]
+    assert cfg.model == "tiny-webshop" and cfg.env_kwargs.get("show_admissible") is True
+    assert cfg.lr == train_cli.cpu_config().lr  # the CPU settings of a shipped model

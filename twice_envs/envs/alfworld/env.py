@@ -151,6 +151,10 @@ class ALFWorldEnv(TextEnv):
             return index
         return int(self.np_random.integers(len(self._entries)))
 
+    def measures(self, info: dict, total_reward: float) -> dict[str, float]:
+        """Success: the goal holds at the end."""
+        return {"success": float(bool(info.get("won", False)))}
+
     def _reset(self, options: dict) -> tuple[str, dict]:
         entry = self._entries[self._choose(options)]
         game = load_game(entry)

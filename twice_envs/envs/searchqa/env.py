@@ -146,6 +146,10 @@ class SearchQAEnv(TextEnv):
         """The current question's golden answers (any of them scores EM 1)."""
         return tuple(self.task.golden_answers)
 
+    def measures(self, info: dict, total_reward: float) -> dict[str, float]:
+        """EM and F1 of the final answer (0 for an episode that never answered)."""
+        return {"em": float(info.get("em", 0.0)), "f1": float(info.get("f1", 0.0))}
+
     def answer_action(self, answer: str) -> str:
         """``answer`` as a final-answer turn of the protocol: ``<answer> answer </answer>``."""
         return f"<answer> {answer} </answer>"

@@ -218,6 +218,10 @@ class WebShopEnv(TextEnv):
             info["reward_details"] = details
         return info
 
+    def measures(self, info: dict, total_reward: float) -> dict[str, float]:
+        """Success (the purchase scores 1, WebShop's success rate) and the score (the purchase's reward)."""
+        return {"success": float(total_reward >= 1.0 - 1e-9), "score": float(total_reward)}
+
     def _reset(self, options: dict) -> tuple[str, dict]:
         goals = self.res.goals
         if "goal" in options:
