@@ -13,12 +13,12 @@ from twice_envs.agents import stats as cs
 from twice_envs.agents.cli.rollout import env_model, model_help, parse_env_kwargs
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
-from twice_envs.agents.models.dirs import SMOLLM2_NAME
+from twice_envs.agents.models.dirs import SMOLLM2_NAME, TINY_NAME
 from twice_envs.agents.models.load import (
     load_policy,
     load_run_policy,
 )
-from twice_envs.agents.models.recipes import NAMED_MODELS, trained_env_kwargs, trained_window
+from twice_envs.agents.models.recipes import NAMED_MODELS, trained_env_kwargs, trained_max_turns, trained_window
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
 from twice_envs.agents.training.trainer import read_metrics, train
@@ -68,6 +68,10 @@ def train_main(argv: Sequence[str]) -> int:
     env_kwargs = {**trained_env_kwargs(model_dir, a.env), **parse_env_kwargs(p, a.env_kwargs)}
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
                             "seed": a.seed, "env_kwargs": env_kwargs, "window": trained_window(model_dir),
+                            # a game model plays the turn cap of its transcripts (tiny-webshop 6, tiny-alfworld 12);
+                            # the SearchQA model keeps the CPU setting's 4 turns its figures were measured with
+                            "max_turns": (base.max_turns if a.model == TINY_NAME else
+                                          trained_max_turns(model_dir) or base.max_turns),
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
                       ("lr", "lr"), ("critic_lr", "critic_lr"), ("max_new_tokens", "max_new_tokens"),

@@ -37,6 +37,12 @@ from twice_envs.agents.models.recipes import (
     tiny_is_current,
     transcript_env_kwargs,
 )
+from twice_envs.agents.models.resume import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_EVERY,
+    TRANSCRIPTS_FILE,
+    BuildCheckpoint,
+)
 from twice_envs.agents.models.sft import (
     copy_sequences,
     match_sequences,
@@ -59,13 +65,20 @@ from twice_envs.agents.sampling.policy import HFPolicy
 
 
 def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModelConfig] = None, *,
-               progress: bool = True, recipe: str = DEFAULT_RECIPE, device: str = "cpu") -> Path:
+               progress: bool = True, recipe: str = DEFAULT_RECIPE, device: str = "cpu",
+               checkpoint_every: int = CHECKPOINT_EVERY, resume: bool = False) -> Path:
     """Build the tiny model into ``out_dir`` (default: the cache) and return its path; ``config``
     defaults to the :data:`RECIPES` entry ``recipe``, whose name is recorded with the build.
 
     ``device`` is where the model trains (``cpu``, ``cuda``, ...; a device this machine lacks is
     refused before any work). The weights are saved from the CPU either way; float training is not
     bit-identical across devices, so only a CPU build is compared byte for byte with a shipped one.
+
+    While it trains, the build keeps a checkpoint in ``out_dir/checkpoint`` (:mod:`.resume`): its
+    transcripts once drawn, and its training state every ``checkpoint_every`` optimiser steps
+    (0: no checkpoint). With ``resume``, a checkpoint there is checked against this recipe and
+    config and continued (transcripts not drawn again, training from the saved step); without
+    one the build starts afresh and says so. The finished build replaces the checkpoint.
     """
     torch = require("torch", "hf", "the tiny model")
     transformers = require("transformers", "hf", "the tiny model")
@@ -78,11 +91,18 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     final = Path(out_dir) if out_dir is not None else models_dir() / TINY_NAME
     log = (lambda msg: print(f"[build-tiny] {msg}", file=sys.stderr, flush=True)) if progress else (lambda msg: None)
     t0 = time.time()
+    ckpt = BuildCheckpoint(final, recipe, cfg, every=checkpoint_every, resume=resume, log=log)
+    saved = ckpt.load_transcripts()
+    if resume and ckpt.saved is None and saved is None:
+        log(f"no checkpoint in {final / CHECKPOINT_DIR}: starting the build afresh")
     envs = available_envs(cfg.envs)
     if not envs:
         raise RuntimeError(f"none of the envs {cfg.envs} can be made here; the tiny model needs transcripts")
     episodes, per_env = [], {}
-    for k, env_id in enumerate(envs):
+    if saved is not None:
+        episodes, per_env = saved
+        log(f"{len(episodes)} saved transcripts from {final / CHECKPOINT_DIR / TRANSCRIPTS_FILE}")
+    for k, env_id in enumerate(envs if saved is None else ()):
         n_eps = int(cfg.episodes_by_env.get(env_id, cfg.episodes_per_env))
         t_env = time.time()
         eps = scripted_episodes(env_id, n_eps, seed=cfg.seed + k, skill_range=cfg.skill_range,
@@ -101,7 +121,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     log(f"{len(episodes)} scripted episodes from {', '.join(envs)} ({time.time() - t0:.1f}s)")
     if cfg.start_from and cfg.base_model:
         raise ValueError("start_from and base_model both name the weights to start from: set one")
-    base = recipe_build(cfg.start_from, progress=progress, device=device) if cfg.start_from else None
+    base = recipe_build(cfg.start_from, progress=progress, device=device, resume=resume) if cfg.start_from else None
     if cfg.base_model:
         base = pretrained_dir(cfg.base_model)
     whole = sorted(set(entity_ids(envs))) if cfg.id_tokens and base is None else []
@@ -117,7 +137,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         if cfg.tokenizer_corpus:
             texts += corpus_texts(envs)
         tokenizer = train_tokenizer(texts, cfg.vocab_size, whole)
-    if cfg.relabel_episodes:
+    if cfg.relabel_episodes and saved is None:
 
         base_policy = HFPolicy.from_pretrained(base, device=dev)
         for k, env_id in enumerate(envs):
@@ -131,6 +151,8 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                 f"({time.time() - t_env:.1f}s)")
             per_env[f"{env_id} relabelled"] = len(eps)
             episodes += eps
+    if saved is None:
+        ckpt.save_transcripts(episodes, per_env)
     seqs = sft_sequences(tokenizer, episodes, cfg.max_len, cfg.context_loss_weight, cfg.end_turns, cfg.window,
                          cfg.mistake_weight)
     n_tok = sum(len(s) for s, _ in seqs)
@@ -184,7 +206,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                 warm.to(dev)
             log(f"copying warm-up: {cfg.copy_steps} steps, {warm.config.num_hidden_layers} layers")
             train_sft(warm, copy_seqs, steps=cfg.copy_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed,
-                      log=log, pad_id=tokenizer.pad_token_id, stop_loss=0.1)
+                      log=log, pad_id=tokenizer.pad_token_id, stop_loss=0.1, checkpoint=ckpt.phase("copy"))
             # the first drill's alphabet, which the later drills draw from too
             letters = list(range(len(SPECIAL_TOKENS), cfg.copy_vocab or len(tokenizer) - len(whole)))
             if cfg.copy_id_steps and whole:
@@ -195,17 +217,17 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                 train_sft(warm, copy_sequences(0, 4 * cfg.copy_id_steps * cfg.batch_size, cfg.copy_length, seed=cfg.seed + 1,
                                                alphabet=alphabet),
                           steps=cfg.copy_id_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed + 1, log=log,
-                          pad_id=tokenizer.pad_token_id)
+                          pad_id=tokenizer.pad_token_id, checkpoint=ckpt.phase("copy_id"))
             if cfg.match_steps:
                 names = tokenizer.convert_tokens_to_ids(whole) if whole else letters[5:]  # the first five mark
                 log(f"lookup drill over {len(names)} names: {cfg.match_steps} steps")
                 train_sft(warm, match_sequences(4 * cfg.match_steps * cfg.batch_size, names, letters, seed=cfg.seed + 2),
                           steps=cfg.match_steps, batch_size=4 * cfg.batch_size, lr=cfg.lr, seed=cfg.seed + 2, log=log,
-                          pad_id=tokenizer.pad_token_id, stop_loss=0.1)
+                          pad_id=tokenizer.pad_token_id, stop_loss=0.1, checkpoint=ckpt.phase("match"))
             if warm is not model:
                 stack_layers(model, warm)
         train_sft(model, seqs, steps=cfg.steps, batch_size=cfg.batch_size, lr=cfg.lr, seed=cfg.seed, log=log,
-                  pad_id=tokenizer.pad_token_id, length_buckets=cfg.length_buckets)
+                  pad_id=tokenizer.pad_token_id, length_buckets=cfg.length_buckets, checkpoint=ckpt.phase("sft"))
     finally:
         torch.set_num_threads(threads_before)
     model.eval()
@@ -229,12 +251,14 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     return final
 
 
-def recipe_build(recipe: str, *, progress: bool = True, device: str = "cpu") -> Path:
+def recipe_build(recipe: str, *, progress: bool = True, device: str = "cpu", resume: bool = False) -> Path:
     """The folder of a current build of ``recipe``: the cached one (under its model name, else
     ``recipe-NAME``), else the shipped one, else a fresh build into the cache on ``device`` (a
-    recipe that another one starts from need not be shipped)."""
+    recipe that another one starts from need not be shipped); with ``resume``, that build
+    continues from a checkpoint an interrupted one left in the cache."""
     cached = models_dir() / (model_name(recipe) or f"recipe-{recipe}")
-    return ready_build(recipe, cached) or build_tiny(cached, recipe=recipe, progress=progress, device=device)
+    return ready_build(recipe, cached) or build_tiny(cached, recipe=recipe, progress=progress, device=device,
+                                                     resume=resume)
 
 
 def pretrained_dir(name_or_path: str) -> Path:

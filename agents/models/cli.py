@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from twice_envs.agents.models import build, quality, recipes
+from twice_envs.agents.models import build, quality, recipes, resume
 from twice_envs.agents.models.dirs import SMOLLM2_NAME, models_dir
 from twice_envs.agents.models.gguf import convert_smollm2, smollm2_gguf
 from twice_envs.agents.sampling.devices import device_arg
@@ -60,7 +60,13 @@ def models_main(argv: Sequence[str]) -> int:
                         + "; format: faster, learns the action format only (see RECIPES)")
     b.add_argument("--device", default="cpu", type=device_arg,
                    help="where the model trains: cpu (default), cuda, cuda:N; the weights are saved from the CPU")
-    b.add_argument("--force", action="store_true", help="rebuild even if cached")
+    b.add_argument("--force", action="store_true", help="rebuild even if cached (or start over a checkpointed build)")
+    b.add_argument("--resume", default=None, metavar="DIR",
+                   help="continue the interrupted build whose output folder is DIR from its checkpoint "
+                        "(DIR/checkpoint; none there: start afresh) and finish it into DIR")
+    b.add_argument("--checkpoint-every", type=int, default=resume.CHECKPOINT_EVERY, metavar="N",
+                   help=f"save a checkpoint into OUT/checkpoint every N training steps (default "
+                        f"{resume.CHECKPOINT_EVERY}; 0: none)")
     b.add_argument("--check", action="store_true",
                    help="rebuild a shipped recipe in a temporary folder (or --out) and check that its quality "
                         "(teacher-forced loss, dev EM) is within tolerance of the shipped model")
@@ -82,16 +88,27 @@ def models_main(argv: Sequence[str]) -> int:
             cfg.threads = args.threads
         if args.envs:
             cfg.envs = tuple(e.strip() for e in args.envs.split(",") if e.strip())
+        if args.checkpoint_every < 0:
+            parser.error("--checkpoint-every must be >= 0")
         if args.check:
+            if args.resume:
+                parser.error("--check rebuilds in a temporary folder; it does not take --resume")
             return _check(args, cfg, parser)
+        if args.resume and args.out and Path(args.out).resolve() != Path(args.resume).resolve():
+            parser.error("--resume DIR continues the build into DIR, where its checkpoint is; drop --out or give the same folder")
         name = _model_name(args.recipe)
-        if name not in recipes.NAMED_MODELS and not args.out:
+        if name not in recipes.NAMED_MODELS and not (args.out or args.resume):
             parser.error(f"--recipe {args.recipe} needs --out DIR (it builds no named model)")
-        out = Path(args.out) if args.out else models_dir() / name
-        if recipes.tiny_is_current(out, args.recipe) and not args.force:
+        out = Path(args.resume or args.out) if (args.resume or args.out) else models_dir() / name
+        waiting = resume.checkpoint_summary(out)
+        if args.resume is None and waiting is not None and not args.force:
+            parser.error(f"{out / resume.CHECKPOINT_DIR} holds the checkpoint of an interrupted build ({waiting}): "
+                         f"continue it with --resume {out}, or start over with --force")
+        if recipes.tiny_is_current(out, args.recipe) and not args.force and waiting is None:
             print(f"{out}: already built (use --force to rebuild)")
             return 0
-        build.build_tiny(out, cfg, recipe=args.recipe, device=args.device)
+        build.build_tiny(out, cfg, recipe=args.recipe, device=args.device, checkpoint_every=args.checkpoint_every,
+                         resume=args.resume is not None)
         print(out)
         return 0
     if args.cmd == "smollm2":

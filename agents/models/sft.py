@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -152,16 +152,23 @@ def match_sequences(n: int, names: Sequence[int], letters: Sequence[int], *, ite
 
 def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, batch_size: int, lr: float,
               seed: int = 0, pad_id: int = 0, log: Callable[[str], None] = lambda m: None,
-              stop_loss: Optional[float] = None, length_buckets: bool = False) -> list[float]:
+              stop_loss: Optional[float] = None, length_buckets: bool = False, checkpoint=None) -> list[float]:
     """Supervised training on ``(input_ids, loss_weights)`` sequences (0: not scored); returns the loss per step.
 
     Training runs where the model's parameters are (move the model to a GPU first to train there).
 
     With ``stop_loss``, training ends early once the mean loss of the last 25 steps is below it.
     With ``length_buckets``, each batch holds sequences of similar length (see :func:`bucket_batches`).
+
+    ``checkpoint`` (a :class:`~twice_envs.agents.models.resume.PhaseCheckpoint`, None: none) saves the
+    training state every few steps and restores a saved one before the first step: the run then
+    continues exactly where the saved one stopped (same batches, optimiser and schedule). A phase
+    that a saved build had already finished is skipped (returns no losses).
     """
     import torch
 
+    if checkpoint is not None and checkpoint.skipped:
+        return []
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
     warm = max(1, steps // 20)
@@ -169,47 +176,127 @@ def train_sft(model, seqs: list[tuple[list[int], list[int]]], *, steps: int, bat
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + np.cos(np.pi * min(1.0, s / max(1, steps))))
     )
     model.train()
-    losses = []
+    losses: list[float] = []
+    if length_buckets:
+        batches = bucket_batches([len(s) for s, _ in seqs], batch_size, g)
+    else:
+        batches = random_batches(len(seqs), batch_size, g)
+    start, finished = 0, False
+    if checkpoint is not None:
+        start, finished = checkpoint.restore(model, opt, sched, batches, losses, steps)
     with torch.enable_grad():
-        if length_buckets:
-            batches = bucket_batches([len(s) for s, _ in seqs], batch_size, g)
-        else:
-            batches = random_batches(len(seqs), batch_size, g)
-        _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss)
+        if not finished:
+            _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss, start=start,
+                      on_step=None if checkpoint is None else checkpoint.after_step)
     model.eval()
     return losses
 
 
-def random_batches(n: int, batch_size: int, g) -> Iterator[list[int]]:
-    """Endless batches of ``batch_size`` indices below ``n``, drawn uniformly with replacement."""
-    import torch
+class RandomBatches:
+    """Endless batches of ``batch_size`` indices below ``n``, drawn uniformly with replacement.
 
-    while True:
-        yield torch.randint(n, (batch_size,), generator=g).tolist()
+    Resumable: :meth:`state_dict` is the generator's state, and an iterator given it with
+    :meth:`load_state_dict` yields the batches the saved one would have yielded next."""
+
+    def __init__(self, n: int, batch_size: int, g) -> None:
+        self.n, self.batch_size, self.g = n, batch_size, g
+
+    def __iter__(self) -> "RandomBatches":
+        return self
+
+    def __next__(self) -> list[int]:
+        import torch
+
+        return torch.randint(self.n, (self.batch_size,), generator=self.g).tolist()
+
+    def state_dict(self) -> dict:
+        return {"kind": "random", "generator": self.g.get_state().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_kind(state, "random")
+        self.g.set_state(state["generator"])
 
 
-def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64) -> Iterator[list[int]]:
+class BucketBatches:
     """Endless batches of indices whose lengths are close: each pass over the data sorts the
     sequences by length plus a fresh uniform jitter of ``spread`` tokens (so batches differ from
     pass to pass), cuts the order into batches and visits them in random order. Padding a batch
     to its longest sequence then costs little (a batch of random transcripts is padded to
-    nearly the longest one)."""
-    import torch
+    nearly the longest one).
 
-    lengths_t = torch.tensor(list(lengths), dtype=torch.float32)
-    while True:
-        key = lengths_t + spread * torch.rand(len(lengths_t), generator=g)
+    Resumable: :meth:`state_dict` is the generator's state at the start of the current pass and
+    the position in the pass; :meth:`load_state_dict` draws that pass again and skips to the position."""
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, g, spread: int = 64) -> None:
+        import torch
+
+        self.lengths = torch.tensor(list(lengths), dtype=torch.float32)
+        self.batch_size, self.g, self.spread = batch_size, g, spread
+        self._pass_start = None  # the generator's state before the current pass was drawn
+        self._chunks: list[list[int]] = []
+        self._visit: list[int] = []
+        self._pos = 0
+
+    def __iter__(self) -> "BucketBatches":
+        return self
+
+    def _draw_pass(self) -> None:
+        import torch
+
+        self._pass_start = self.g.get_state().clone()
+        key = self.lengths + self.spread * torch.rand(len(self.lengths), generator=self.g)
         order = torch.argsort(key).tolist()
-        chunks = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
-        for c in torch.randperm(len(chunks), generator=g).tolist():
-            yield chunks[c]
+        self._chunks = [order[i: i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        self._visit = torch.randperm(len(self._chunks), generator=self.g).tolist()
+        self._pos = 0
+
+    def __next__(self) -> list[int]:
+        if self._pos >= len(self._visit):
+            self._draw_pass()
+        chunk = self._chunks[self._visit[self._pos]]
+        self._pos += 1
+        return chunk
+
+    def state_dict(self) -> dict:
+        if self._pass_start is None:  # nothing drawn yet
+            return {"kind": "bucket", "generator": self.g.get_state().clone(), "position": -1}
+        return {"kind": "bucket", "generator": self._pass_start.clone(), "position": self._pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_kind(state, "bucket")
+        self.g.set_state(state["generator"])
+        if int(state["position"]) < 0:
+            self._pass_start, self._chunks, self._visit, self._pos = None, [], [], 0
+            return
+        self._draw_pass()
+        self._pos = int(state["position"])
 
 
-def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss=None) -> None:
+def _check_kind(state: dict, kind: str) -> None:
+    if not isinstance(state, dict) or state.get("kind") != kind:
+        found = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"the saved batch order is of kind {found!r}, not {kind!r}")
+
+
+def random_batches(n: int, batch_size: int, g) -> RandomBatches:
+    """Endless batches of ``batch_size`` indices below ``n``, drawn uniformly with replacement
+    (a resumable :class:`RandomBatches`)."""
+    return RandomBatches(n, batch_size, g)
+
+
+def bucket_batches(lengths: Sequence[int], batch_size: int, g, spread: int = 64) -> BucketBatches:
+    """Endless batches of indices whose lengths are close (a resumable :class:`BucketBatches`)."""
+    return BucketBatches(lengths, batch_size, g, spread)
+
+
+def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop_loss=None, *, start: int = 0,
+              on_step=None) -> None:
+    """Steps ``start .. steps - 1`` of :func:`train_sft`; ``on_step(step_count, model, opt, sched, batches,
+    losses, done)`` runs after each one (where a build saves its checkpoints)."""
     import torch
 
     device = next(model.parameters()).device
-    for step in range(steps):
+    for step in range(start, steps):
         ids, mask, loss_mask = (t.to(device) for t in _pad([seqs[i] for i in next(batches)], pad_id))
         # the LM head only at the positions that are scored (the generated turns, a small
         # share of the tokens): with a large vocabulary it would otherwise dominate the step
@@ -228,6 +315,8 @@ def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop
         done = stop_loss is not None and len(losses) >= 25 and np.mean(losses[-25:]) < stop_loss
         if step % 25 == 0 or step == steps - 1 or done:
             log(f"step {step + 1}/{steps} loss {np.mean(losses[-25:]):.3f}")
+        if on_step is not None:
+            on_step(step + 1, model, opt, sched, batches, losses, done)
         if done:
             break
 

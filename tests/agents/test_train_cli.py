@@ -97,4 +97,5 @@ def test_each_env_defaults_to_its_own_shipped_model_and_a_foreign_model_is_named
     assert train_cli.train_main(["--env", "WebShop-v0", "--out", "/nonexistent/unused"]) == 0
     cfg = seen["cfg"]
     assert cfg.model == "tiny-webshop" and cfg.env_kwargs.get("show_admissible") is True
+    assert cfg.max_turns == 6  # the turn cap of tiny-webshop's transcripts (SearchQA's CPU default is 4)
     assert cfg.lr == train_cli.cpu_config().lr  # the CPU settings of a shipped model
