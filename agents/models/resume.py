@@ -25,6 +25,7 @@ import gzip
 import json
 import os
 import random
+import shutil
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Optional
@@ -76,7 +77,7 @@ class BuildCheckpoint:
 
     ``every``: optimiser steps between two saves (0: never save). With ``resume``, a checkpoint
     found there is checked against ``recipe`` and ``cfg`` (a :class:`CheckpointError` naming the
-    file and what differs) and continued; without, any checkpoint there is replaced.
+    file and what differs) and continued; without, any checkpoint there is removed.
     """
 
     def __init__(self, folder: os.PathLike, recipe: str, cfg: TinyModelConfig, *, every: int = CHECKPOINT_EVERY,
@@ -91,6 +92,9 @@ class BuildCheckpoint:
             if self.saved is not None:
                 log(f"continuing from {self.dir / STATE_FILE}: {self.saved['phase']} phase, "
                     f"step {self.saved['step']}/{self.saved['steps']}")
+        elif self.dir.is_dir():  # a fresh build: an older checkpoint there must not be continued later
+            shutil.rmtree(self.dir)
+            log(f"removed the older checkpoint in {self.dir}")
         self.resume = resume
 
     # -- transcripts ----------------------------------------------------------------------------
@@ -246,7 +250,7 @@ def read_state(file: os.PathLike, recipe: str, cfg: TinyModelConfig) -> dict:
     except pickle.UnpicklingError as exc:
         raise CheckpointError(f"{file}: refused to load: it holds objects other than tensors and plain values "
                               f"(not a build checkpoint; loading it could run code): {_unpickler_reason(exc)}") from None
-    except Exception as exc:  # torch raises RuntimeError, EOFError, zipfile errors... for damaged files
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, zipfile errors... for damaged files
         raise CheckpointError(f"{file}: not a readable build checkpoint ({type(exc).__name__}: {exc})") from None
     if not isinstance(blob, dict):
         raise CheckpointError(f"{file}: not a build checkpoint (holds a {type(blob).__name__}, expected a dict)")
@@ -316,9 +320,12 @@ def read_transcripts(file: os.PathLike, recipe: str, cfg: TinyModelConfig) -> tu
 
 
 def _atomic(file: Path, write: Callable[[str], None]) -> None:
-    tmp = file.with_name(file.name + ".tmp")
-    write(str(tmp))
-    os.replace(tmp, file)
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")  # one per process: two builds never share one
+    try:
+        write(str(tmp))
+        os.replace(tmp, file)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def checkpoint_summary(folder: os.PathLike) -> Optional[str]:
