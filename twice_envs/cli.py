@@ -41,6 +41,7 @@ BENCHES: dict[str, str] = {
     "ablations": "twice_envs.agents.bench.ablations:main",
     "games": "twice_envs.agents.bench.games:main",
     "cost": "twice_envs.agents.bench.cost:main",
+    "overfit": "twice_envs.agents.bench.overfit:main",
 }
 
 

@@ -83,6 +83,10 @@ class TrainConfig:
     indexed_tasks: bool = True
     """Name tasks by the reset options ``{"split", "index"}`` where the env has splits
     (SearchQA); envs without them get tasks by reset seed only."""
+    task_ids: Optional[tuple[int, ...]] = None
+    """Train on exactly these tasks of ``train_split``, named by ``{"split", "index"}`` on any env whose
+    reset takes them (SearchQA, WebShop): an overfit test's few tasks. None: tasks as ``task_pool`` and
+    ``indexed_tasks`` say."""
     eval_questions: int = 40
     """Dev questions for the greedy evaluation."""
     eval_every: int = 0
@@ -97,6 +101,7 @@ class TrainConfig:
     def to_json(self) -> dict:
         d = asdict(self)
         d["ablations"] = list(self.ablations)
+        d["task_ids"] = None if self.task_ids is None else list(self.task_ids)
         return d
 
     @classmethod
@@ -104,6 +109,8 @@ class TrainConfig:
         d = dict(d)
         d["twice"] = TwiceConfig(**d.get("twice", {}))
         d["ablations"] = tuple(d.get("ablations", ()))
+        if d.get("task_ids") is not None:
+            d["task_ids"] = tuple(int(i) for i in d["task_ids"])
         return cls(**d)
 
 

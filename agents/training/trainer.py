@@ -134,7 +134,12 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     u = state.update
     tcfg = effective_twice(config)
     sampling = sampling_config(config)
-    idx = state.rng.choice(pool, size=min(config.questions_per_update, pool), replace=False)
+    if config.task_ids:  # a fixed set of tasks (an overfit test), named by split and index
+        ids = np.asarray(config.task_ids)
+        idx, indexed = ids[state.rng.choice(len(ids), size=min(config.questions_per_update, len(ids)),
+                                            replace=False)], True
+    else:
+        idx = state.rng.choice(pool, size=min(config.questions_per_update, pool), replace=False)
     noise_seed = int(state.rng.integers(0, 2**62))
     group_size = config.group_size * get_method(config.method).rollouts
     episodes = rollout(state.policy, config.env, make_tasks(idx, config.train_split, indexed),
