@@ -15,19 +15,16 @@ bootstrap CI that resamples update indices jointly for the method and GRPO (pair
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from twice_envs.agents import stats as cs
+from twice_envs.agents.bench.output import stderr_log, write_json
 from twice_envs.agents.credit.registry import check_env
 from twice_envs.agents.credit.registry import methods as registered_methods
-from twice_envs.trajectory import atomic_write_text
 
 
 @dataclass
@@ -133,15 +130,10 @@ def main(argv: Sequence[str]) -> int:
         p.error(f"--updates ({a.updates}) must exceed --skip ({a.skip})")
     cfg = CostConfig(env=a.env, model=a.model, methods=tuple(a.methods), updates=a.updates, skip=a.skip, seed=a.seed,
                      questions=a.questions)
-    t0 = time.time()
     try:
-        res = run_cost(cfg, log=lambda m: print(f"[bench cost {time.time() - t0:5.0f}s] {m}", file=sys.stderr,
-                                                  flush=True))
+        res = run_cost(cfg, log=stderr_log("cost"))
     except ValueError as exc:  # a method the env cannot serve, named before any rollout
         p.error(str(exc))
     print(format_cost(res), end="")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "cost.json", json.dumps(res, indent=1))
-    print(f"written: {out / 'cost.json'}")
+    write_json(a.out, "cost.json", res)
     return 0

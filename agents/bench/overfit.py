@@ -16,17 +16,13 @@ of training tasks, more updates will not help. The bench
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from twice_envs.agents.bench.output import stderr_log, write_json
 from twice_envs.agents.stats import wilson
-from twice_envs.trajectory import atomic_write_text
 
 
 @dataclass
@@ -132,12 +128,7 @@ def main(argv: Sequence[str]) -> int:
     if a.tasks > a.screen or min(a.tasks, a.group_size, a.window, a.updates) < 1:
         p.error("--tasks, --group-size, --window and --updates must be >= 1, and --tasks at most --screen")
     cfg = OverfitConfig(**{k: getattr(a, k) for k in asdict(d)})
-    t0 = time.time()
-    res = run_overfit(cfg, log=lambda m: print(f"[bench overfit {time.time() - t0:5.0f}s] {m}", file=sys.stderr,
-                                                 flush=True))
+    res = run_overfit(cfg, log=stderr_log("overfit"))
     print(format_overfit(res), end="")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "overfit.json", json.dumps(res, indent=1))
-    print(f"written: {out / 'overfit.json'}")
+    write_json(a.out, "overfit.json", res)
     return 0
