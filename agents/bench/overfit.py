@@ -69,8 +69,7 @@ def window_success(rows: Sequence[dict], measure: str, per_update: int) -> tuple
 
 def run_overfit(config: OverfitConfig, *, log=lambda m: None) -> dict:
     """Screen, then train until the last window's success is significantly above the first's."""
-    from twice_envs.agents.cli.rollout import env_model
-    from twice_envs.agents.models.load import load_policy
+    from twice_envs.agents.models.load import env_model, load_policy
     from twice_envs.agents.models.recipes import trained_env_kwargs, trained_max_turns, trained_window
     from twice_envs.agents.training.config import cpu_config
     from twice_envs.agents.training.trainer import init_state, train_update

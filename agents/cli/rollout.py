@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Sequence
 
 from twice_envs.agents.models.dirs import SMOLLM2_NAME
-from twice_envs.agents.models.load import load_policy, resolve_model_dir
+from twice_envs.agents.models.load import env_model, load_policy
 from twice_envs.agents.models.recipes import (
     NAMED_MODELS,
-    env_fit_warning,
     model_for_env,
     trained_env_kwargs,
     trained_window,
@@ -67,17 +66,6 @@ def model_help() -> str:
     own = ", ".join(f"{e}: {model_for_env(e)}" for e in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0"))
     return (f"a shipped model ({', '.join(NAMED_MODELS)}, {SMOLLM2_NAME}) or a local Hugging Face model "
             f"directory (default: the env's own shipped start model; {own})")
-
-
-def env_model(model: str | None, env_id: str) -> tuple[str, Path]:
-    """The model a command plays ``env_id`` with (``model``, or the env's shipped start model when None)
-    and its folder; prints a warning to stderr when the model was built for another env."""
-    name = model or model_for_env(env_id)
-    path = resolve_model_dir(name)
-    warning = env_fit_warning(name, path, env_id)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-    return name, path
 
 
 def parse_env_kwargs(parser: argparse.ArgumentParser, text: str) -> dict:

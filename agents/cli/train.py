@@ -10,11 +10,12 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import stats as cs
-from twice_envs.agents.cli.rollout import env_model, model_help, parse_env_kwargs
+from twice_envs.agents.cli.rollout import model_help, parse_env_kwargs
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
 from twice_envs.agents.models.dirs import SMOLLM2_NAME, TINY_NAME
 from twice_envs.agents.models.load import (
+    env_model,
     load_policy,
     load_run_policy,
 )

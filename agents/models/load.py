@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -27,7 +28,7 @@ from twice_envs.agents.models.dirs import (
     models_dir,
 )
 from twice_envs.agents.models.gguf import smollm2_dir
-from twice_envs.agents.models.recipes import NAMED_MODELS
+from twice_envs.agents.models.recipes import NAMED_MODELS, env_fit_warning, model_for_env
 from twice_envs.agents.sampling.devices import torch_device
 from twice_envs.agents.sampling.policy import HFPolicy
 from twice_envs.agents.sampling.vllm_engine import VLLMPolicy
@@ -64,6 +65,18 @@ def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> P
             "local Hugging Face model directory (a folder with config.json); models are never downloaded"
         )
     return path
+
+
+def env_model(model: Optional[str], env_id: str) -> tuple[str, Path]:
+    """The model a command plays ``env_id`` with (``model``, or the env's shipped start model when None,
+    :func:`~twice_envs.agents.models.recipes.model_for_env`) and its folder; prints a warning to stderr
+    when the model was built for another env (:func:`~twice_envs.agents.models.recipes.env_fit_warning`)."""
+    name = model or model_for_env(env_id)
+    path = resolve_model_dir(name)
+    warning = env_fit_warning(name, path, env_id)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    return name, path
 
 
 def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: str = "cpu", **kwargs: Any):

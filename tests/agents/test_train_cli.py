@@ -81,7 +81,8 @@ def test_budget_summary_counts_the_updates_past_the_warm_up():
 
 def test_each_env_defaults_to_its_own_shipped_model_and_a_foreign_model_is_named(monkeypatch, capsys):
     from twice_envs.agents.cli import train as train_cli
-    from twice_envs.agents.cli.rollout import env_model, model_help
+    from twice_envs.agents.cli.rollout import model_help
+    from twice_envs.agents.models.load import env_model
     from twice_envs.agents.models.recipes import model_for_env
 
     assert [model_for_env(e) for e in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0")] == \
