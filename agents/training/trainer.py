@@ -184,7 +184,8 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     m["invalid_share"] = m["invalid_turns"] / max(m["turns"], 1)
     for k in ("rho", "self_twin_share", "tie_share", "same_evidence_share", "mean_q", "branched_share",
               "predictor_auc", "discordance", "twins", "cost_scale", "rho_per_decision", "sigma_hat",
-              "value_loss", "explained_variance",
+              "value_loss", "explained_variance", "grown_episodes", "grown_tokens", "mean_prefix", "prompt_share",
+              "mean_p_hat",
               "aux_target", "aux_planned", "aux_accounted", "aux_generated", "warmup",
               "twin_term_q50", "twin_term_q90", "twin_term_q99", "twin_term_max"):
         if k in credit.stats:

@@ -313,3 +313,4 @@ def test_a_method_that_grows_the_batch_trains_on_every_episode_it_grew(tmp_path,
         assert any(r.group == g.group and [t.token_ids for t in r.turns[:g.prefix]] ==
                    [t.token_ids for t in g.turns[:g.prefix]] for r in roots)
     assert m["aux_tokens"] >= sum(e.num_generated_tokens for e in grown) > 0
+    assert m["grown_episodes"] == n and (method != "twice-alloc" or 0.0 <= m["prompt_share"] <= 1.0)
