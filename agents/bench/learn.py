@@ -121,7 +121,7 @@ def train_one(method: str, seed: int, config: LearnConfig, *,
         eps, envs = toy.toy_rollouts(policy, config.groups, group_size, noise_seed=seed * 100_003 + u)
         res = credit_step(method, policy, eps, config=tcfg, sampling=None, rng=rng, update=u,
                           noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k, critic=critic,
-                          **lab_step_fns(method, envs))
+                          **lab_step_fns(envs))
         state = res.predictor_state or state
         aux.append(res.aux_tokens)
         accounted.append(float(res.stats.get("aux_accounted", res.aux_tokens)))

@@ -398,7 +398,7 @@ def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, cre
         seed = audit_seed(config.seed, "update-rows", index=k)
         res = credit_step(name, policy, list(eps) + list(extra), config=TwiceConfig(beta=config.beta, warmup_updates=0),
                           sampling=sampling, rng=np.random.default_rng(seed), update=0, noise_seed=seed,
-                          answer_probs_fn=answer_probs if "gold_answer" in method.needs else None)
+                          answer_probs_fn=answer_probs)
         credit[name] = np.array([res.advantages[i][t] for i, t in decisions], dtype=np.float64)
         aux[name] = int(res.aux_tokens) + sum(e.num_generated_tokens for e in extra)
         pairs_of[name] = 0

@@ -117,26 +117,20 @@ def lab_runners(envs: Sequence):
     return twins_fn, values_fn
 
 
-def lab_step_fns(method: str, envs: list) -> dict:
-    """Every function :func:`~twice_envs.agents.rollout.twins.credit_step` takes for ``method`` on a lab
+def lab_step_fns(envs: list) -> dict:
+    """Every function :func:`~twice_envs.agents.rollout.twins.credit_step` takes from a lab
     policy whose factual episodes live in ``envs``: its twins and value rollouts (:func:`lab_runners`),
     further factual episodes (:func:`~twice_envs.agents.lab.toy.lab_branches`, whose envs join ``envs``,
-    so the twins of a grown episode fork its own env) and the gold answer's probabilities (when the
-    method needs them), as ``credit_step``'s keyword arguments."""
+    so the twins of a grown episode fork its own env) and the policy's exact probabilities of the gold
+    answer (:func:`~twice_envs.agents.lab.toy.answer_probs`), as ``credit_step``'s keyword arguments
+    (the context hands each to the steps that ask for it)."""
     twins_fn, values_fn = lab_runners(envs)
 
     def branches_fn(policy, factual, nodes, sampling, *, noise_seed=0):
         return toy.lab_branches(policy, factual, envs, nodes, noise_seed=noise_seed)
 
     return {"twins_fn": twins_fn, "values_fn": values_fn, "branches_fn": branches_fn,
-            "answer_probs_fn": lab_answer_probs(method)}
-
-
-def lab_answer_probs(method: str):
-    """The ``answer_probs_fn`` of :func:`~twice_envs.agents.rollout.twins.credit_step` for ``method`` on a lab
-    policy: the policy's exact probability of answering (:func:`~twice_envs.agents.lab.toy.answer_probs`) when
-    the method's registered needs include ``gold_answer``, else None."""
-    return toy.answer_probs if "gold_answer" in get_method(method).needs else None
+            "answer_probs_fn": toy.answer_probs}
 
 
 def lab_critic(method: str, policy):
@@ -375,7 +369,7 @@ def update_credit(name: str, policy, eps: Sequence[EpisodeRecord], envs: Sequenc
     res = credit_step(name, policy, batch, config=twice.TwiceConfig(beta=config.beta, warmup_updates=update),
                       sampling=None, rng=np.random.default_rng(config.seed + 23), update=update,
                       noise_seed=config.seed + 23, predictor_state=state, critic=critic,
-                      **lab_step_fns(name, list(envs) + list(extra_envs)))
+                      **lab_step_fns(list(envs) + list(extra_envs)))
     adv = np.concatenate(res.advantages[:len(eps)]) if eps else np.zeros(0)
     return res, adv, res.aux_tokens + sum(e.num_generated_tokens for e in extra)
 
@@ -401,7 +395,7 @@ def warmed_state(name: str, policy, config: LabAuditConfig):
                                        noise_seed=config.seed + 1000 + w)
         res = credit_step(name, policy, weps, config=tcfg, sampling=None, rng=rng, update=w,
                           noise_seed=config.seed + w, predictor_state=state, critic=critic,
-                          **lab_step_fns(name, wenvs))
+                          **lab_step_fns(wenvs))
         state = res.predictor_state or state
     return critic, state, config.warmup_batches
 

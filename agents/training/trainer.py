@@ -148,7 +148,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     t1 = time.perf_counter()
     credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
                            update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k,
-                           answer_probs_fn=answer_probs if "gold_answer" in get_method(config.method).needs else None,
+                           answer_probs_fn=answer_probs,
                            critic=state.critic)
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state

@@ -152,7 +152,7 @@ class TwinRollout:
                            sampling=sampling, env_kwargs=c.env_kwargs, noise_seed=noise_seed, max_turns=c.max_turns)
         credit = credit_step(c.method, policy, episodes, config=c.twice, sampling=sampling, rng=self.rng,
                                update=self.update, noise_seed=noise_seed, predictor_state=self.predictor_state,
-                               answer_probs_fn=answer_probs if "gold_answer" in get_method(c.method).needs else None)
+                               answer_probs_fn=answer_probs)
         if credit.predictor_state is not None:
             self.predictor_state = credit.predictor_state
         self.update += 1

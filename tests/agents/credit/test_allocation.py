@@ -71,7 +71,7 @@ def test_the_lab_grows_real_episodes_and_credits_all_of_them_with_the_group_term
     policy = lab_policy("SearchToy-v0")
     roots, envs = toy.toy_rollouts(policy, 6, 4, noise_seed=11)
     res = credit_step(method, policy, roots, config=TwiceConfig(beta=0.0, q_min=0.0, warmup_updates=0), sampling=None,
-                      rng=np.random.default_rng(1), update=5, noise_seed=11, **lab_step_fns(method, envs))
+                      rng=np.random.default_rng(1), update=5, noise_seed=11, **lab_step_fns(envs))
     batch = res.episodes
     assert batch[:len(roots)] == list(roots) and len(batch) == 2 * len(roots) and len(envs) == len(batch)
     for ep, env in zip(batch[len(roots):], envs[len(roots):]):
@@ -91,7 +91,7 @@ def test_the_lab_grows_real_episodes_and_credits_all_of_them_with_the_group_term
     assert res.aux_tokens == res.stats["grown_tokens"] == sum(e.num_generated_tokens for e in batch[len(roots):])
     # with a budget the twins branch only the batch's own decisions, grown episodes' included
     res = credit_step(method, policy, roots, config=TwiceConfig(beta=0.7, warmup_updates=0), sampling=None,
-                      rng=np.random.default_rng(2), update=5, noise_seed=12, **lab_step_fns(method, envs[:len(roots)]))
+                      rng=np.random.default_rng(2), update=5, noise_seed=12, **lab_step_fns(envs[:len(roots)]))
     assert res.aux_tokens > res.stats["grown_tokens"] and res.stats["aux_target"] == pytest.approx(
         0.7 * policy_tokens(res.episodes))
 

@@ -11,7 +11,7 @@ from twice_envs.agents.credit import twice
 from twice_envs.agents.credit.igpo import IGPOConfig, igpo_credit, information_gain, turn_rewards
 from twice_envs.agents.credit.registry import CreditContext, check_env, get_method
 from twice_envs.agents.lab import toy
-from twice_envs.agents.lab.runner import LabAuditConfig, lab_answer_probs, lab_runners, run_lab_audit
+from twice_envs.agents.lab.runner import LabAuditConfig, lab_runners, lab_step_fns, run_lab_audit
 from twice_envs.agents.lab.search_toy import search_toy_policy
 from twice_envs.agents.lab.text_lab import text_lab_policy
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
@@ -184,7 +184,7 @@ def test_lab_answer_probability_is_the_policys_probability_of_answering_at_each_
     for k, turn in enumerate(ep.turns[:2], start=1):
         env.step(turn.text)
         assert policy.action_probs(policy.state(env))[Q] == p[k]
-    assert lab_answer_probs("igpo") is toy.answer_probs and lab_answer_probs("grpo") is None
+    assert lab_step_fns([])["answer_probs_fn"] is toy.answer_probs
 
 
 def test_text_lab_answer_probability_matches_the_live_env_states():
