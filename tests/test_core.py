@@ -365,3 +365,27 @@ def test_fork_verifies_the_restored_state():
     ok = play(twice_envs.make("CoinChain-v0"), 2, ["left", "left", "look"])
     ok.fork(1).step("left")
     assert ok.fork(1).trajectory.digests == ok.trajectory.digests[:2]
+
+
+def test_replay_checks_the_end_flags_and_the_noise_seed_of_toy_records():
+    import pickle
+
+    from twice_envs.errors import TrajectoryFormatError
+
+    for env_id in ("CoinChain-v0", "CoinChainReplay-v0"):
+        env = play(twice_envs.make(env_id, length=40, max_turns=3), 4, ["look", "look", "look"])
+        assert env.trajectory.truncated and twice_envs.first_divergence(env.trajectory) is None
+        rec = env.trajectory.to_json()
+        rec["truncated"] = False
+        div = twice_envs.first_divergence(rec)
+        assert div.field == "truncated" and div.turn == 3 and div.expected == div.got
+        assert "the digests agree, but the record says truncated=False; the replay ended truncated=True" in str(div)
+        again = pickle.loads(pickle.dumps(div))
+        assert (again.turn, again.field, str(again)) == (div.turn, div.field, str(div))
+        rec = env.trajectory.to_json()
+        rec["noise"]["episode_seed"] ^= 1
+        div = twice_envs.first_divergence(rec)
+        assert div.field == "noise.episode_seed" and div.turn == 0
+        del rec["noise"]["episode_seed"]
+        with pytest.raises(TrajectoryFormatError, match="missing field 'noise.episode_seed'"):
+            twice_envs.replay(rec)

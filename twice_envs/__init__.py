@@ -10,6 +10,7 @@
 from twice_envs.core import Protocol, TextEnv, TextSpace
 from twice_envs.errors import (
     DataFormatError,
+    EnvClosedError,
     MissingExtra,
     ReplayDivergence,
     TrajectoryFormatError,
@@ -22,12 +23,14 @@ from twice_envs.trajectory import Trajectory, iter_trajectories, load_trajectori
 
 from twice_envs import envs as _builtin_envs  # noqa: F401  (registers the built-in ids)
 from twice_envs.check import check_env
+from twice_envs.layout import check_layout
 
 __version__ = "0.1.0"
 
 
 __all__ = [
     "DataFormatError",
+    "EnvClosedError",
     "MissingExtra",
     "NoiseKey",
     "NoiseSchedule",
@@ -39,6 +42,7 @@ __all__ = [
     "TrajectoryFormatError",
     "TwiceError",
     "check_env",
+    "check_layout",
     "derive_episode_seed",
     "descriptions",
     "first_divergence",

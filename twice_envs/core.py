@@ -34,6 +34,11 @@ The base class does everything the contract needs around them:
 * **Noise.** The env carries a :class:`NoiseSchedule` and reports the key base of
   the agent's next turn in ``info["noise_key"]``; the factual schedule's seed is
   derived from the reset seed (or ``options["noise_seed"]``).
+* **Closing.** After ``close()`` the env is done for good: ``step``, ``fork``,
+  ``reset`` and ``set_noise_schedule`` raise :class:`EnvClosedError`; the record stays
+  readable; a second ``close()`` does nothing. A subclass that holds resources
+  overrides ``close`` to release them; the base class marks the env closed whether or
+  not that override calls ``super().close()``.
 
 Every ``info`` holds ``turn`` (actions taken so far), ``noise_key``, ``invalid`` and
 ``digest``; envs with a finite action set add ``admissible_actions``.
@@ -42,6 +47,7 @@ Every ``info`` holds ``turn`` (actions taken so far), ``noise_key``, ``invalid``
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import io
 import pickle
@@ -51,7 +57,7 @@ from typing import Any, Optional, SupportsFloat
 import gymnasium
 import numpy as np
 
-from twice_envs.errors import ReplayDivergence, TwiceError
+from twice_envs.errors import EnvClosedError, ReplayDivergence, TwiceError
 from twice_envs.keys import NoiseKey, NoiseSchedule, check_seed, derive_episode_seed, draw_seed
 from twice_envs.trajectory import Trajectory, canonical_json, reset_digest, step_digest
 
@@ -154,6 +160,22 @@ def twin_step(
     return bound.key(turn), env.step(action)
 
 
+def _marking_closed(close: Any) -> Any:
+    """``close`` (a TextEnv subclass's own) that runs once and leaves the env marked closed."""
+
+    @functools.wraps(close)
+    def wrapper(self: TextEnv, *args: Any, **kwargs: Any) -> None:
+        if self._closed:
+            return None
+        try:
+            return close(self, *args, **kwargs)
+        finally:
+            self._closed = True
+
+    wrapper._marks_env_closed = True
+    return wrapper
+
+
 class TextEnv(gymnasium.Env[str, str]):
     """Base class of every twice_envs environment (see the module docstring)."""
 
@@ -174,6 +196,16 @@ class TextEnv(gymnasium.Env[str, str]):
     #: Whether each task has a gold answer (:meth:`gold_answers`); credit methods that score the
     #: policy's probability of it (IGPO) refuse envs without one before any rollout.
     has_gold_answer: bool = False
+    #: Set by :meth:`close` (a class default, so even an env whose ``__init__`` failed has it).
+    _closed: bool = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass's own close() releases its resources; wrapping it here marks the env
+        # closed (and makes a second close() a no-op) even if it never calls super().close().
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("close")
+        if callable(own) and not getattr(own, "_marks_env_closed", False):
+            cls.close = _marking_closed(own)
 
     def __init__(self, *, max_turns: Optional[int] = None, render_mode: Optional[str] = None) -> None:
         if max_turns is not None and (not isinstance(max_turns, int) or max_turns < 1):
@@ -251,6 +283,7 @@ class TextEnv(gymnasium.Env[str, str]):
         ``seed=None`` continues ``self.np_random`` (entropy only if the env was never
         seeded); the seed used is recorded in ``env.trajectory.seed``.
         """
+        self._refuse_if_closed("reset")
         options = self._check_options(options)
         noise_seed = options.get("noise_seed")
         if noise_seed is not None:
@@ -304,6 +337,7 @@ class TextEnv(gymnasium.Env[str, str]):
 
     def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict]:
         """Take the agent's raw turn text (or a plain action); bad actions never raise."""
+        self._refuse_if_closed("step")
         if self._needs_reset is not None:
             raise TwiceError(f"{self._needs_reset}; step() is refused until a reset() succeeds")
         if self._traj is None:
@@ -349,6 +383,28 @@ class TextEnv(gymnasium.Env[str, str]):
             return self._traj.observations[-1]
         return None
 
+    def close(self) -> None:
+        """Release what the env holds; the env cannot be used again.
+
+        After ``close()``, ``step``, ``fork``, ``reset`` and ``set_noise_schedule`` raise
+        :class:`~twice_envs.errors.EnvClosedError`: a closed env is never reopened, not
+        even by ``reset`` (make a new one with ``twice_envs.make``, or rebuild an episode
+        with ``twice_envs.replay(record)``). What it recorded stays readable
+        (``trajectory``, ``last_info``, ``render``). Forks made before are independent envs
+        and stay usable. Calling ``close()`` again does nothing.
+        """
+        self._closed = True
+        super().close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    def _refuse_if_closed(self, call: str) -> None:
+        if self._closed:
+            raise EnvClosedError(self.env_id, call)
+
     # ----------------------------------------------------------------- records, noise
     @property
     def trajectory(self) -> Trajectory:
@@ -374,6 +430,7 @@ class TextEnv(gymnasium.Env[str, str]):
 
     def set_noise_schedule(self, schedule: NoiseSchedule | int | dict) -> None:
         """Bind the noise schedule later turns report (used by twins)."""
+        self._refuse_if_closed("set_noise_schedule")
         self._schedule = NoiseSchedule.coerce(schedule)
         self.trajectory.noise = self._schedule.to_json()
 
@@ -440,6 +497,7 @@ class TextEnv(gymnasium.Env[str, str]):
         verified against the digest chain, a restore against the state as it was when
         the snapshot was taken (:class:`ReplayDivergence` on mismatch).
         """
+        self._refuse_if_closed("fork")
         traj = self.trajectory
         turn = check_turn(traj.num_turns if turn is None else turn, traj.num_turns)
         child = self._spawn()

@@ -14,10 +14,21 @@ class ReplayDivergence(TwiceError):
         turn: the first turn whose digest differs (0 = the reset observation).
         expected: the recorded digest at that turn.
         got: the digest the replay produced.
+        detail: what differs, in words.
+        field: ``None`` when the digests differ; else the field of the record, besides
+            the digests, that the replay did not reproduce (``terminated``,
+            ``truncated``, ``noise.episode_seed``, ``actions``): the digests agree then
+            (``expected == got``).
     """
 
-    def __init__(self, turn: int, expected: str, got: str, detail: str = "") -> None:
-        self.turn, self.expected, self.got = turn, expected, got
+    def __init__(self, turn: int, expected: str, got: str, detail: str = "", *, field: str | None = None) -> None:
+        self.turn, self.expected, self.got, self.detail, self.field = turn, expected, got, detail, field
+        if field is not None:
+            super().__init__(
+                f"replay diverged at turn {turn}: the digests agree, but {detail}. The record was edited, "
+                "or the env's data or version changed since it was recorded."
+            )
+            return
         msg = (
             f"replay diverged at turn {turn}: recorded digest {expected[:12]}..., replay gave {got[:12]}..."
         )
@@ -25,6 +36,13 @@ class ReplayDivergence(TwiceError):
             msg += f" ({detail})"
         msg += ". The env is not deterministic for this record, or its data or version changed since it was recorded."
         super().__init__(msg)
+
+    def __reduce__(self):  # survives pickling (e.g. from a worker process)
+        return (_replay_divergence, (self.turn, self.expected, self.got, self.detail, self.field))
+
+
+def _replay_divergence(turn: int, expected: str, got: str, detail: str, field: str | None) -> ReplayDivergence:
+    return ReplayDivergence(turn, expected, got, detail, field=field)
 
 
 class MissingExtra(TwiceError, ImportError):
@@ -41,6 +59,24 @@ class MissingExtra(TwiceError, ImportError):
 
 class TrajectoryFormatError(TwiceError, ValueError):
     """A trajectory file or record is corrupt, foreign or from another env version."""
+
+
+class EnvClosedError(TwiceError, RuntimeError):
+    """An env was used after ``close()``: ``step``, ``fork`` and ``reset`` are refused.
+
+    ``close()`` released what the env held (engines, journals); make a new env with
+    ``twice_envs.make(...)`` (or rebuild one from a record with ``twice_envs.replay``).
+    """
+
+    def __init__(self, env: str, call: str) -> None:
+        self.env, self.call = env, call
+        super().__init__(
+            f"{call}() after close(): this {env} env was closed and cannot be used again; "
+            f"make a new one with twice_envs.make(...) (or twice_envs.replay(record) to rebuild an episode)"
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.env, self.call))
 
 
 class DataFormatError(TwiceError, ValueError):

@@ -1,4 +1,23 @@
-"""Rebuild an env from a saved trajectory record.
+"""Rebuild an env from a saved trajectory record, checking every field the record holds.
+
+What a replay checks, field by field:
+
+* ``format``, the types of every field, the lengths of the lists and the noise block
+  (:meth:`Trajectory.from_json`; a record built in code is checked the same way);
+* ``digests``: the record's own chain first, then every turn against the replayed env
+  (``env_id``, ``env_version``, ``kwargs``, ``seed``, ``options`` and the first
+  observation are in ``digests[0]``; each action, observation and reward in its turn's);
+* ``actions``: no more actions than the episode takes (none after it ended);
+* ``terminated`` and ``truncated`` (a whole-record replay): the replayed episode must
+  end exactly as the record says;
+* ``noise``: a factual record (no ``branches``) must hold the ``episode_seed`` its reset
+  gives (``options["noise_seed"]``, else the seed derived from ``seed``). A twin's record
+  lists its branch turns; its ``episode_seed`` is the factual one (a coupled twin) or a
+  fresh one (an independent twin), the agent's choice, so only its form is checked.
+* ``meta`` is free-form data of the caller and is not checked.
+
+A mismatch raises :class:`ReplayDivergence` (its ``field`` names a field other than the
+digests); a malformed record raises :class:`TrajectoryFormatError` naming the field.
 
 A record is data from anywhere, and its ``kwargs`` go to ``make()``. Kwargs that name
 files or folders (a journal, a corpus, question or product files, data folders,
@@ -10,10 +29,14 @@ read-only: a replay never creates or changes a journal file.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from twice_envs.errors import ReplayDivergence, TrajectoryFormatError, TwiceError
+from twice_envs.keys import NoiseSchedule
 from twice_envs.trajectory import Trajectory, reset_digest, step_digest
+
+if TYPE_CHECKING:
+    from twice_envs.core import TextEnv
 
 #: Kwarg names that name files or folders in any env.
 PATH_NAMES = ("journal", "corpus", "questions", "products", "data", "cache", "path", "dir", "root")
@@ -68,12 +91,16 @@ def replay(
     *,
     trusted: bool = False,
     overrides: Optional[Mapping[str, Any]] = None,
-) -> "TextEnv":  # noqa: F821
+) -> TextEnv:
     """Re-create the env of ``record`` and re-apply its first ``turn`` actions (default: all).
 
     Every step is checked against the record's digest chain; the first mismatch raises
-    :class:`ReplayDivergence` naming the turn. A record from another env version raises
-    too (the fix: install the version that recorded it, or re-record).
+    :class:`ReplayDivergence` naming the turn. So do actions after the episode's end,
+    ``terminated``/``truncated`` flags the replay does not end with (when all actions are
+    replayed) and a factual record's noise seed that its reset does not give (see the
+    module docstring). A malformed record raises :class:`TrajectoryFormatError` naming the
+    field. A record from another env version raises too (the fix: install the version
+    that recorded it, or re-record).
 
     Args:
         record: a :class:`Trajectory` or its JSON dict.
@@ -89,8 +116,8 @@ def replay(
     from twice_envs.registry import make, registry
     from twice_envs.tools import read_only_journals
 
-    if isinstance(record, dict):
-        record = Trajectory.from_json(record)
+    # A Trajectory built in code gets the same field checks as one read from a file.
+    record = Trajectory.from_json(record.to_json() if isinstance(record, Trajectory) else record)
     record.check_chain()
     if record.env_id not in registry:
         raise TrajectoryFormatError(
@@ -122,12 +149,71 @@ def replay(
     n = record.num_turns if turn is None else turn
     if not 0 <= n <= record.num_turns:
         raise ValueError(f"turn must be in 0..{record.num_turns}, got {n}")
-    env._replay_into(record, n)
+    _replay_checked(env, record, n)
     return env
 
 
+def _replay_checked(env: TextEnv, record: Trajectory, n: int) -> None:
+    """Reset ``env`` as ``record`` was, apply its first ``n`` actions and check every field."""
+    env.reset(seed=record.seed, options=record.options)
+    traj = env.trajectory
+    if traj.digests[0] != record.digests[0]:
+        raise ReplayDivergence(0, record.digests[0], traj.digests[0], "reset observation differs")
+    _check_noise_seed(env.noise_schedule, record)
+    for t in range(n):
+        if env.done:
+            _ended_early(record, t)
+        env.step(record.actions[t])
+        if traj.digests[t + 1] != record.digests[t + 1]:
+            raise ReplayDivergence(t + 1, record.digests[t + 1], traj.digests[t + 1], f"after action {record.actions[t]!r}")
+    if n < record.num_turns and env.done:
+        _ended_early(record, n)
+    if n == record.num_turns:
+        for flag in ("terminated", "truncated"):
+            recorded, replayed = getattr(record, flag), getattr(traj, flag)
+            if recorded != replayed:
+                raise ReplayDivergence(
+                    n, record.digests[n], record.digests[n],
+                    f"the record says {flag}={recorded}; the replay ended {flag}={replayed}", field=flag,
+                )
+    env.set_noise_schedule(record.noise)
+
+
+def _ended_early(record: Trajectory, t: int) -> None:
+    raise ReplayDivergence(
+        t, record.digests[t], record.digests[t],
+        f"the episode ended after {t} actions, but the record holds {record.num_turns} "
+        f"(action {t + 1}, {record.actions[t]!r:.60}, comes after the end)",
+        field="actions",
+    )
+
+
+def _check_noise_seed(factual: NoiseSchedule, record: Trajectory) -> None:
+    """A factual record (no branches) holds the noise seed its reset gave: ``factual``'s."""
+    if record.noise.get("branches"):
+        return  # a twin's record: its seed is the factual one or a fresh one, the agent's choice
+    seed = record.noise["episode_seed"]
+    if seed == factual.episode_seed:
+        return
+    given = record.options.get("noise_seed")
+    source = (
+        f"its reset options['noise_seed'] = {given}" if given is not None
+        else f"reset seed {record.seed} derives {factual.episode_seed}"
+    )
+    raise ReplayDivergence(
+        0, record.digests[0], record.digests[0],
+        f"the record's noise.episode_seed is {seed}, while {source} (a factual record, with no branches, "
+        "holds the noise seed of its reset)",
+        field="noise.episode_seed",
+    )
+
+
 def first_divergence(record: Trajectory | dict, *, trusted: bool = False) -> Optional[ReplayDivergence]:
-    """Replay the whole record; return the divergence, or ``None`` if it replays exactly."""
+    """Replay the whole record; return the divergence, or ``None`` if it replays exactly.
+
+    "Exactly" covers every field :func:`replay` checks: the digest chain, the end flags
+    and the noise block. A malformed record raises :class:`TrajectoryFormatError`.
+    """
     try:
         replay(record, trusted=trusted)
     except ReplayDivergence as exc:

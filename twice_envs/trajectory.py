@@ -6,7 +6,11 @@ observation and reward. ``digests[0]`` covers the reset; for ``t >= 1``::
 
     digests[t] = sha256(digests[t-1], action_t, obs_t, reward_t)
 
-so two records with equal last digests went through identical turns. Files hold one
+so two records with equal last digests went through identical turns. The
+``terminated``/``truncated`` flags and the noise block are not digested (a twin shares
+the factual episode's digests but not its noise); :func:`twice_envs.replay` checks them
+directly against the replayed episode, and :meth:`Trajectory.from_json` checks the form of
+every field (:func:`check_noise` for the noise block), naming the field. Files hold one
 record per line (JSON lines) and are written atomically.
 
 Encoding: files are UTF-8. A record may hold any Python ``str``, including lone
@@ -89,12 +93,14 @@ class Trajectory:
         kwargs: keyword arguments given to ``make`` (JSON data only).
         seed: the reset seed (always concrete, drawn if the user passed none).
         options: the reset options.
-        noise: the noise schedule, as :meth:`NoiseSchedule.to_json` gives it.
+        noise: the noise schedule, as :meth:`NoiseSchedule.to_json` gives it:
+            ``{"episode_seed": uint64, "branches": {"<turn>": branch >= 1}}``.
         actions: the action text of each turn, as the env received it.
         observations: ``observations[0]`` is the reset observation, then one per turn.
         rewards: one per turn.
         digests: the digest chain, one more entry than ``actions``.
-        terminated, truncated: how the episode ended so far.
+        terminated, truncated: how the episode ended so far (a replay of the whole
+            record must end the same way).
         meta: free-form JSON data (e.g. the agent's token ids); not digested.
     """
 
@@ -187,6 +193,7 @@ class Trajectory:
         for name in ("terminated", "truncated"):
             if not isinstance(data.get(name, False), bool):
                 raise TrajectoryFormatError(f"{where}: field {name!r} must be true or false, got {_json_type(data[name])}")
+        check_noise(data["noise"], where)
         if not isinstance(data.get("meta") or {}, dict):
             raise TrajectoryFormatError(f"{where}: field 'meta' must be object, got {_json_type(data['meta'])}")
         n = len(data["actions"])
@@ -222,6 +229,49 @@ class Trajectory:
 
 
 _JSON_NAMES = {str: "string", int: "integer", dict: "object", list: "array"}
+_UINT64_MAX = (1 << 64) - 1
+#: The fields of a record's noise block (what ``NoiseSchedule.to_json`` writes).
+NOISE_FIELDS = ("episode_seed", "branches")
+
+
+def check_noise(noise: Any, where: str = "record") -> None:
+    """Check a record's noise block; a :class:`TrajectoryFormatError` names the bad field.
+
+    The block is ``{"episode_seed": uint64, "branches": {"<turn>": branch, ...}}``:
+    ``branches`` (optional, empty for a factual episode) maps turns, written as
+    decimal strings, to branches ``>= 1``.
+    """
+    if not isinstance(noise, dict):
+        raise TrajectoryFormatError(f"{where}: field 'noise' must be object, got {_json_type(noise)}")
+    unknown = sorted(map(str, set(noise) - set(NOISE_FIELDS)))
+    if unknown:
+        raise TrajectoryFormatError(
+            f"{where}: unknown field 'noise.{unknown[0]}' (a noise block holds {' and '.join(NOISE_FIELDS)})"
+        )
+    if "episode_seed" not in noise:
+        raise TrajectoryFormatError(f"{where}: missing field 'noise.episode_seed' (the episode's noise seed)")
+    seed = noise["episode_seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TrajectoryFormatError(
+            f"{where}: field 'noise.episode_seed' must be an integer in 0..2**64-1, got {_json_type(seed)} {seed!r:.40}"
+        )
+    if not 0 <= seed <= _UINT64_MAX:
+        raise TrajectoryFormatError(f"{where}: field 'noise.episode_seed' must be an integer in 0..2**64-1, got {seed}")
+    branches = noise.get("branches", {})
+    if not isinstance(branches, dict):
+        raise TrajectoryFormatError(
+            f"{where}: field 'noise.branches' must be an object mapping turns to branches, got {_json_type(branches)}"
+        )
+    for turn, branch in branches.items():
+        if not (isinstance(turn, str) and turn.isdigit() and turn.isascii() and str(int(turn)) == turn):
+            raise TrajectoryFormatError(
+                f"{where}: field 'noise.branches' keys must be turns (decimal integers >= 0, e.g. \"3\"), got {turn!r:.40}"
+            )
+        if isinstance(branch, bool) or not isinstance(branch, int) or branch < 1:
+            raise TrajectoryFormatError(
+                f"{where}: field 'noise.branches[\"{turn}\"]' must be a branch (an integer >= 1; "
+                f"0 is the factual noise and is not listed), got {_json_type(branch)} {branch!r:.40}"
+            )
 
 
 def _json_type(value: Any) -> str:

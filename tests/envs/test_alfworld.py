@@ -240,3 +240,24 @@ def test_parse_action_takes_linear_time(shape):
     from twice_envs.envs.alfworld.env import parse_action
 
     assert growth(parse_action, shape) < 20  # 8x the input: linear ~8, quadratic ~64
+
+
+@pytest.mark.parametrize("data_dir", ["", "   ", "$TWICE_EMPTY_DATA"])
+def test_an_empty_data_dir_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch, data_dir):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("TWICE_EMPTY_DATA", "")
+    bundled = twice_envs.make("ALFWorld-v0", task_types=["pick_and_place_simple"])
+    bundled.reset(seed=0, options={"index": 0})
+    # the current folder holds games: an empty data_dir must not pick them up
+    _real_layout(tmp_path, {"pick_and_place_simple-X-None-Y-1/trial_1": json.dumps(bundled.game.as_json())})
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"ALFWorld data_dir .* is empty.*data_dir=None for the bundled games"):
+        twice_envs.make("ALFWorld-v0", data_dir=data_dir)
+    with pytest.raises(ValueError, match=r"ALFWorld data_dir .* is empty"):
+        list_games(data_dir, "train", TASK_TYPES)
+
+
+@pytest.mark.parametrize("data_dir", [5, ["/data"]])
+def test_a_data_dir_that_is_not_a_string_is_refused(data_dir):
+    with pytest.raises(ValueError, match="ALFWorld data_dir must be a folder path as a string"):
+        twice_envs.make("ALFWorld-v0", data_dir=data_dir)

@@ -136,6 +136,11 @@ def test_corpus_reading_streams(tmp_path):
         ('{"id": "a", "question": "", "golden_answers": ["x"]}\n', 1, "question"),
         ('{"id": "a", "question": "q", "golden_answers": [3]}\n', 1, "strings"),
         ('\n\n{"id": "a", "question": "q", "golden_answers": ["x"]\n', 3, "JSON"),
+        ('{"id": "a", "question": "q", "golden_answers": ["x"]}\n{"id": "b", "question": "q", "golden_answers": {"x": 1}}\n',
+         2, "'golden_answers' must be a string or a list of strings, got an object"),
+        ('{"id": {"n": 1}, "question": "q", "golden_answers": ["x"]}\n', 1, "'id' must be a string or an integer, got an object"),
+        ('{"id": true, "question": "q", "golden_answers": ["x"]}\n', 1, "'id' must be a string or an integer, got a boolean"),
+        ('{"id": [1], "question": "q", "golden_answers": ["x"]}\n', 1, "'id' must be a string or an integer, got an array"),
     ],
 )
 def test_bad_question_files(tmp_path, content, line, problem):
@@ -144,6 +149,41 @@ def test_bad_question_files(tmp_path, content, line, problem):
     with pytest.raises(DataFormatError) as err:
         load_flashrag_jsonl(path)
     assert err.value.line == line and problem in err.value.problem
+
+
+def test_bad_parquet_answers_and_ids_name_the_row(tmp_path):
+    good = {"data_source": "nq", "prompt": [{"role": "user", "content": "Question: a?"}],
+            "reward_model": {"style": "rule", "ground_truth": {"target": ["x"]}}}
+    as_dict = {"data_source": "nq", "prompt": [{"role": "user", "content": "Question: b?"}],
+               "reward_model": {"style": "rule", "ground_truth": {"target": {"x": "y"}}}}
+    path = write_parquet(tmp_path / "answers.parquet", [as_dict, as_dict])  # one column type per file
+    with pytest.raises(DataFormatError) as err:
+        load_searchr1_parquet(path)
+    assert err.value.line == 1 and str(path) in str(err.value)
+    assert "'reward_model.ground_truth.target' must be a string or a list of strings, got an object" in err.value.problem
+    path = write_parquet(tmp_path / "ids.parquet", [{**good, "id": {"n": 1}}, {**good, "id": {"n": 2}}])
+    with pytest.raises(DataFormatError) as err:
+        load_searchr1_parquet(path)
+    assert err.value.line == 1 and "'id' must be a string or an integer, got an object" in err.value.problem
+
+
+def test_duplicate_corpus_ids_are_refused_naming_both_lines(tmp_path):
+    rows = [("a", '"A"\nx'), ("b", '"B"\ny'), ("c", '"C"\nz'), ("b", '"B2"\nw')]
+    path = write_corpus(tmp_path / "dup.jsonl", rows)
+    with pytest.raises(DataFormatError) as err:
+        open_corpus(path)
+    assert err.value.line == 4 and str(path) in str(err.value)
+    assert "duplicate passage id 'b' (first on line 2)" in err.value.problem
+    # an integer id and the same id written as a string are the same passage id
+    path = tmp_path / "mixed.jsonl"
+    path.write_text('{"id": 7, "contents": "\\"A\\"\\nx"}\n{"id": "7", "contents": "\\"B\\"\\ny"}\n')
+    with pytest.raises(DataFormatError, match=r"mixed.jsonl:2: duplicate passage id '7' \(first on line 1\)"):
+        open_corpus(path)
+    # rows without ids are numbered by position, which an explicit id may collide with
+    path = tmp_path / "implicit.jsonl"
+    path.write_text('{"contents": "\\"A\\"\\nx"}\n{"id": "0", "contents": "\\"B\\"\\ny"}\n')
+    with pytest.raises(DataFormatError, match="implicit.jsonl:2: duplicate passage id '0'"):
+        open_corpus(path)
 
 
 def test_bad_parquet_and_missing_files(tmp_path):

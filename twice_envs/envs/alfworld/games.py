@@ -47,6 +47,7 @@ __all__ = [
     "TASK_TYPES",
     "alfworld_data_file",
     "assemble",
+    "check_data_dir",
     "grammar_with_goal",
     "list_games",
     "load_authored",
@@ -233,8 +234,30 @@ def load_game(entry: GameEntry) -> GameData:
 _list_cache: dict[tuple, list[GameEntry]] = {}
 
 
+def check_data_dir(data_dir: object) -> Optional[str]:
+    """``data_dir`` if it is None (the bundled games) or a non-blank string, else a ``ValueError``.
+
+    An empty ``data_dir`` would name the current folder (``Path("")`` is ``.``), so it is
+    refused rather than read as wherever the process happens to run.
+    """
+    if data_dir is None:
+        return None
+    if not isinstance(data_dir, str):
+        raise ValueError(
+            f"ALFWorld data_dir must be a folder path as a string (or None for the bundled games), "
+            f"got {type(data_dir).__name__} {data_dir!r:.60}"
+        )
+    if not data_dir.strip():
+        raise ValueError(
+            f"ALFWorld data_dir {data_dir!r} is empty: it would name the current folder. Pass the folder of "
+            f"your games (e.g. data_dir='$ALFWORLD_DATA'), or data_dir=None for the bundled games"
+        )
+    return data_dir
+
+
 def list_games(data_dir: Optional[str], split: str, task_types: Iterable[str]) -> list[GameEntry]:
-    """The sorted games of a collection (bundled when ``data_dir`` is None)."""
+    """The sorted games of a collection (bundled when ``data_dir`` is None; never ``""``)."""
+    data_dir = check_data_dir(data_dir)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; ALFWorld splits are {', '.join(SPLITS)}")
     task_types = tuple(task_types)
@@ -266,7 +289,9 @@ def _list_bundled(split: str) -> list[GameEntry]:
 
 def resolve_data_dir(data_dir: str, split: str) -> Path:
     """The folder holding ``split``'s games under ``data_dir`` (``$VARS`` and ``~`` expanded)."""
-    raw = data_dir
+    raw = data_dir = check_data_dir(data_dir)
+    if raw is None:
+        raise ValueError("resolve_data_dir needs a data_dir; the bundled games have no data_dir")
     if "$" in data_dir:
         var = DATA_ENV_VAR if DATA_ENV_VAR in data_dir else data_dir
         data_dir = os.path.expandvars(data_dir)
@@ -274,6 +299,11 @@ def resolve_data_dir(data_dir: str, split: str) -> Path:
             raise TwiceError(
                 f"data_dir {raw!r} names an environment variable that is not set ({var}). Download the games "
                 f"with `alfworld-download` and `export {DATA_ENV_VAR}=<folder>`, or pass data_dir='/path/to/data'"
+            )
+        if not data_dir.strip():
+            raise ValueError(
+                f"ALFWorld data_dir {raw!r} is empty once expanded (the variable is set to {data_dir!r}): it would "
+                f"name the current folder. Set it to the folder of your games, or pass data_dir=None for the bundled games"
             )
     root = Path(os.path.expanduser(data_dir))
     if not root.is_dir():

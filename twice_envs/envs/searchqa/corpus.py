@@ -4,6 +4,12 @@ Built once from a wiki-18 style JSONL file by streaming it; opening it reads not
 but the offsets, so a 21M-passage corpus costs page cache, not Python objects. The
 store's ``version`` is the sha256 of the source file's bytes: indexes, embeddings
 and tool journals are keyed by it.
+
+Passage ids must be unique (an integer id and the same id written as a string are one
+id; a row without an id is numbered by its position). A file with a duplicate id is
+refused with a :class:`~twice_envs.errors.DataFormatError` naming the file, the line of
+the repeat and the line of the first use. The check keeps 8 bytes per passage (a hash
+of its id), never the ids themselves.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from twice_envs._cache import build_dir, cache_dir, publish_dir
 from twice_envs.errors import DataFormatError
 from twice_envs.envs.searchqa.loaders import iter_corpus_jsonl
 
-STORE_FORMAT = "searchqa.corpus/1"
+#: Version 2: built only from files whose passage ids are unique (a store from an
+#: earlier version is rebuilt, and so checked, on first use).
+STORE_FORMAT = "searchqa.corpus/2"
 
 
 class CorpusStore:
@@ -67,6 +75,7 @@ def build_store(source: str | Path, directory: str | Path) -> Path:
     try:
         sha = hashlib.sha256()
         offsets, id_offsets = [0], [0]
+        id_hashes = bytearray()
         with open(source, "rb") as raw, open(tmp / "contents.bin", "wb") as text, open(tmp / "ids.bin", "wb") as ids:
             for chunk in iter(lambda: raw.read(1 << 20), b""):
                 sha.update(chunk)
@@ -77,8 +86,10 @@ def build_store(source: str | Path, directory: str | Path) -> Path:
                 bi = pid.encode("utf-8")
                 ids.write(bi)
                 id_offsets.append(id_offsets[-1] + len(bi))
+                id_hashes += hashlib.blake2b(bi, digest_size=8).digest()
         if len(offsets) == 1:
             raise DataFormatError(source, None, "the corpus has no passages")
+        _refuse_duplicate_ids(source, id_hashes, tmp / "ids.bin", id_offsets)
         np.save(tmp / "offsets.npy", np.asarray(offsets, dtype=np.int64))
         np.save(tmp / "id_offsets.npy", np.asarray(id_offsets, dtype=np.int64))
         manifest = {"format": STORE_FORMAT, "sha256": sha.hexdigest(), "source": str(source.resolve()), "passages": len(offsets) - 1}
@@ -88,6 +99,58 @@ def build_store(source: str | Path, directory: str | Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+def _refuse_duplicate_ids(source: Path, id_hashes: bytearray, ids_path: Path, id_offsets: list[int]) -> None:
+    """Raise a :class:`DataFormatError` at the first passage (in file order) whose id an earlier one has."""
+    first_repeat = _first_repeat(np.frombuffer(id_hashes, dtype="<u8"), ids_path, id_offsets)
+    if first_repeat is None:
+        return
+    repeat, first = first_repeat
+    lines = {}
+    for position, (line_no, pid, _) in enumerate(iter_corpus_jsonl(source)):
+        if position in (first, repeat):
+            lines[position] = (line_no, pid)
+        if position >= repeat:
+            break
+    line_no, pid = lines[repeat]
+    raise DataFormatError(
+        source, line_no, f"duplicate passage id {pid!r} (first on line {lines[first][0]}); passage ids must be unique"
+    )
+
+
+def _first_repeat(keys: np.ndarray, ids_path: Path, id_offsets: list[int]) -> tuple[int, int] | None:
+    """``(position of the repeat, position of the first use)`` of the earliest repeated id, or None.
+
+    ``keys`` holds a hash of each passage's id; ids with equal hashes are compared as bytes.
+    """
+    order = np.argsort(keys, kind="stable")  # equal hashes stay in file order
+    sorted_keys = keys[order]
+    starts = np.flatnonzero(sorted_keys[1:] == sorted_keys[:-1])
+    if len(starts) == 0:
+        return None
+    ids = np.memmap(ids_path, dtype=np.uint8, mode="r")
+
+    def passage_id(i: int) -> bytes:
+        return ids[id_offsets[i] : id_offsets[i + 1]].tobytes()
+
+    first_repeat: tuple[int, int] | None = None  # (position of the repeat, position of the first use)
+    for run_start in starts:
+        if run_start > 0 and sorted_keys[run_start - 1] == sorted_keys[run_start]:
+            continue  # inside a run already looked at
+        run_end = run_start + 1
+        while run_end + 1 < len(sorted_keys) and sorted_keys[run_end + 1] == sorted_keys[run_start]:
+            run_end += 1
+        seen: dict[bytes, int] = {}  # ids in this run of equal hashes (a hash collision keeps them apart)
+        for k in range(run_start, run_end + 1):
+            i = int(order[k])
+            pid = passage_id(i)
+            if pid in seen:
+                if first_repeat is None or i < first_repeat[0]:
+                    first_repeat = (i, seen[pid])
+            else:
+                seen[pid] = i
+    return first_repeat
 
 
 def open_corpus(source: str | Path) -> CorpusStore:

@@ -7,7 +7,10 @@
   read in record batches.
 
 A malformed file raises :class:`~twice_envs.errors.DataFormatError` naming the file
-and the line (the 1-based row for parquet).
+and the line (the 1-based row for parquet): among others, gold answers that are not a
+string or a list of strings (an object is refused, not read as its keys), and ids that
+are not a string or an integer. Duplicate passage ids are refused when the corpus store
+is built (:mod:`twice_envs.envs.searchqa.corpus`).
 """
 
 from __future__ import annotations
@@ -47,9 +50,7 @@ def iter_corpus_jsonl(path: str | Path) -> Iterator[tuple[int, str, str]]:
             contents = f'"{row["title"]}"\n{row["text"]}'
         if not isinstance(contents, str):
             raise DataFormatError(path, line_no, "missing or non-string 'contents' (expected '\"Title\"\\ntext')")
-        pid = row.get("id", line_no - 1)
-        if not isinstance(pid, (str, int)) or isinstance(pid, bool):
-            raise DataFormatError(path, line_no, "'id' must be a string or an integer")
+        pid = _check_id(row.get("id", line_no - 1), path, line_no)
         yield line_no, str(pid), contents
 
 
@@ -70,12 +71,40 @@ def _json_lines(path: Path, what: str, shape: str = "") -> Iterator[tuple[int, d
             yield line_no, row
 
 
-def _answers(value: Any, path: Path, line: int) -> tuple[str, ...]:
+def _json_kind(value: Any) -> str:
+    """How a value reads in JSON terms, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "an array"
+    return type(value).__name__
+
+
+def _check_id(value: Any, path: Path, line: int) -> Any:
+    """An id as a string or an int, or a :class:`DataFormatError` naming the line."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise DataFormatError(path, line, f"'id' must be a string or an integer, got {_json_kind(value)} {value!r:.60}")
+    return value
+
+
+def _answers(value: Any, path: Path, line: int, name: str = "golden_answers") -> tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
-    if value is None or not hasattr(value, "__iter__"):
-        raise DataFormatError(path, line, "missing 'golden_answers' (a non-empty list of strings)")
-    answers = [a for a in value]
+    if value is None:
+        raise DataFormatError(path, line, f"missing '{name}' (a non-empty list of strings)")
+    if not isinstance(value, (list, tuple)):
+        raise DataFormatError(
+            path, line, f"'{name}' must be a string or a list of strings, got {_json_kind(value)} {value!r:.60}"
+        )
+    answers = list(value)
     if not answers:
         raise DataFormatError(path, line, "empty gold answers")
     if not all(isinstance(a, str) for a in answers):
@@ -94,7 +123,7 @@ def load_flashrag_jsonl(path: str | Path) -> list[Question]:
         if not isinstance(q, str) or not q.strip():
             raise DataFormatError(path, line_no, "missing or empty 'question'")
         answers = _answers(row.get("golden_answers"), path, line_no)
-        qid = row.get("id", f"{path.stem}_{line_no}")
+        qid = _check_id(row.get("id", f"{path.stem}_{line_no}"), path, line_no)
         meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
         out.append(Question(str(qid), q, answers, meta))
     if not out:
@@ -152,10 +181,12 @@ def load_searchr1_parquet(path: str | Path, batch_size: int = 4096) -> list[Ques
             target = gt.get("target") if isinstance(gt, dict) else None
             if target is None:
                 raise DataFormatError(path, row_no, "missing reward_model.ground_truth.target")
-            answers = _answers(target, path, row_no)
+            answers = _answers(target, path, row_no, "reward_model.ground_truth.target")
             extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
             qid = row.get("id")
-            if not isinstance(qid, (str, int)) or isinstance(qid, bool):
+            if qid is not None:
+                _check_id(qid, path, row_no)
+            else:
                 source = row.get("data_source") or path.stem
                 qid = f"{source}_{extra.get('split', '')}_{extra.get('index', row_no - 1)}"
             meta = {"data_source": row.get("data_source")}
