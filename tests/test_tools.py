@@ -83,6 +83,66 @@ def test_memory_layer_is_bounded():
     assert len(j) == 3
 
 
+def test_memory_layer_is_capped_in_bytes():
+    """Filling a journal past its byte cap drops the least recently used results: the accounted
+    size stays under the cap, the newest results stay, the oldest go."""
+    cap = 1 << 20
+    j = Journal(memory_bytes=cap)
+    tool = FunctionTool("blob", "1", lambda i: "x" * 10_000 + str(i))
+    for i in range(300):  # about 3 MB of results
+        assert j.call(tool, {"i": i}).endswith(str(i))
+        assert j.memory_bytes_used <= cap
+    assert 50 < len(j) < 300
+    hits, misses = j.hits, j.misses
+    j.call(tool, {"i": 299})
+    assert j.hits == hits + 1
+    j.call(tool, {"i": 0})
+    assert j.misses == misses + 1
+    # a result larger than the whole cap is returned but not kept in memory
+    big = FunctionTool("big", "1", lambda: "y" * (2 * cap))
+    assert len(j.call(big, {})) == 2 * cap and j.memory_bytes_used <= cap
+
+
+def test_default_memory_layer_holds_a_bounded_amount_of_memory():
+    """A journal made with the defaults keeps at most its default byte cap of results, counted
+    by what the process really allocates (tracemalloc), however many results pass through."""
+    import tracemalloc
+
+    from twice_envs.tools import DEFAULT_MEMORY_BYTES
+
+    tool = FunctionTool("blob", "1", lambda i: "z" * 20_000 + str(i))
+    tracemalloc.start()
+    try:
+        j = Journal()
+        for i in range(2 * DEFAULT_MEMORY_BYTES // 20_000):  # twice the cap
+            j.call(tool, {"i": i})
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert j.memory_bytes_used <= DEFAULT_MEMORY_BYTES
+    # the accounting (lengths + a fixed overhead per entry) tracks the real size within 10%
+    assert held < 1.1 * DEFAULT_MEMORY_BYTES
+
+
+def test_memory_limits_can_be_changed_and_shared_journals_take_them(tmp_path):
+    j = Journal(memory_bytes=1 << 20)
+    for i in range(50):
+        j.call(Counting(), {"x": i})
+    used = j.memory_bytes_used
+    j.set_memory_limits(memory_bytes=used // 10)  # about 5 of the 50 results fit
+    assert 3 <= len(j) <= 6 and j.memory_bytes_used <= used // 10
+    j.set_memory_limits(memory_items=1)
+    assert len(j) == 1
+    nothing = Journal(memory_items=0)  # a journal that keeps no results in memory
+    nothing.call(Counting(), {"x": 1})
+    assert len(nothing) == 0 and nothing.memory_bytes_used == 0
+    shared = shared_journal(tmp_path / "s.sqlite", memory_bytes=12345)
+    assert shared.memory_bytes == 12345
+    assert shared_journal(tmp_path / "s.sqlite") is shared and shared.memory_bytes == 12345
+    with pytest.raises(ValueError):
+        Journal(memory_bytes=-1)
+
+
 def test_shared_journal_is_one_per_path(tmp_path):
     assert shared_journal(None) is shared_journal(None)
     assert shared_journal(tmp_path / "a.sqlite") is shared_journal(str(tmp_path / "a.sqlite"))

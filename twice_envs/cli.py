@@ -32,6 +32,7 @@ BENCHES: dict[str, str] = {
     "searchqa": "twice_envs.envs.searchqa.bench:main",
     "alfworld": "twice_envs.envs.alfworld.bench:main",
     "webshop": "twice_envs.envs.webshop.bench:main",
+    "soak": "twice_envs.soak:main",
     "sampler": "twice_envs.agents.bench.sampler:sampler_main",
     "rollout": "twice_envs.agents.bench.sampler:rollout_main",
     "vec": "twice_envs.wrappers.vector_bench:main",

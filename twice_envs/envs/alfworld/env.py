@@ -27,7 +27,7 @@ from twice_envs.core import Protocol, TextEnv
 from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.envs.admissible import with_actions
 from twice_envs.envs.alfworld import engine as _engine
-from twice_envs.envs.alfworld.games import GameEntry, list_games, load_game
+from twice_envs.envs.alfworld.games import GameEntry, check_data_dir, list_games, load_game
 from twice_envs.envs.alfworld.tasks import resolve_task_types
 
 INSTRUCTIONS = (
@@ -69,7 +69,8 @@ class ALFWorldEnv(TextEnv):
 
     Args:
         data_dir: None for the bundled games; else a folder of real ALFWorld data
-            (``"$ALFWORLD_DATA"`` is expanded from the environment).
+            (``"$ALFWORLD_DATA"`` is expanded from the environment). An empty string is
+            refused (``ValueError``), never read as the current folder.
         split: ``train``, ``valid_seen`` or ``valid_unseen``.
         task_types: task-type names or ALFWorld ids 1-6 (None: all six).
         reward_scale: reward of the winning step (e.g. 10 as some trainers use).
@@ -99,6 +100,7 @@ class ALFWorldEnv(TextEnv):
         render_mode: Optional[str] = None,
     ) -> None:
         super().__init__(max_turns=max_turns, render_mode=render_mode)
+        data_dir = check_data_dir(data_dir)  # "" would name the current folder: refused
         if isinstance(reward_scale, bool) or not isinstance(reward_scale, (int, float)) or not reward_scale > 0:
             raise ValueError(f"reward_scale must be a positive number, got {reward_scale!r}")
         self.reward_scale = float(reward_scale)
@@ -206,6 +208,15 @@ class ALFWorldEnv(TextEnv):
         return with_actions(obs, info["admissible_actions"])
 
     def close(self) -> None:
-        """Give the engine back to the process pool."""
-        _release(self._holder)
+        """Give the engine back to the process pool and drop the game: a closed env holds
+        no engine (the record stays readable).
+
+        The pool keeps a few idle engines (``engine.MAX_IDLE_ENGINES``) for the next env or
+        fork of the same game; the planner library copies they hold are never unloaded
+        (see ``engine.py``).
+        """
+        holder = self.__dict__.get("_holder")
+        if holder is not None:
+            _release(holder)
+        self.game = None
         super().close()

@@ -275,3 +275,20 @@ class SearchQAEnv(TextEnv):
 
     def _restore(self, state: Any) -> None:
         self._split, self._index, self._searches, self._answer, self._scores, self._noise_seed = state
+
+    def close(self) -> None:
+        """Release what this env holds (the record stays readable).
+
+        A journal file's connection is closed (the process-wide journal opens it again
+        for the next env that searches through it), the snapshots are dropped, and so
+        are the env's references to the shared corpus maps, index and journal: a closed
+        env kept alive pins none of them. The shared resources stay cached in the
+        process for the next ``make`` (``resources.clear()`` forgets them); ``task`` and
+        ``gold_answers()`` need an open env.
+        """
+        resources = self.__dict__.get("resources")
+        if resources is not None and resources.journal.path is not None:
+            resources.journal.close()
+        self.resources = None
+        self._snapshots = []
+        super().close()

@@ -44,6 +44,8 @@ INSTRUCTIONS = (
 _ACTION = re.compile(r"\b(search|click)\[", re.IGNORECASE)
 _BRACKET = re.compile(r"[\[\]\n]")
 _RESET_OPTIONS = ("goal", "split", "index")
+REWARDS = ("score", "success")
+"""What a purchase can return (``WebShopEnv(reward=...)``)."""
 
 
 def parse_action(text: str) -> Optional[tuple[str, str]]:
@@ -101,6 +103,10 @@ class WebShopEnv(TextEnv):
         invalid_feedback: say why an action was invalid before the page text (otherwise
             the page is shown unchanged, as the original).
         max_query_chars: longer queries are invalid actions.
+        reward: what a purchase returns: ``"score"`` (the graded purchase score in [0, 1], the
+            original's reward) or ``"success"`` (1 when the score is 1, else 0: the success
+            rule the reported success rate counts, which some RL recipes train on). The
+            measures report both either way.
         max_turns: actions before truncation (default 15).
         cache_root: where built caches go (default: the twice_envs cache directory).
         render_mode: ``None`` or ``"ansi"`` (``render()`` gives the current page).
@@ -127,6 +133,7 @@ class WebShopEnv(TextEnv):
         search_anywhere: bool = False,
         invalid_feedback: bool = True,
         max_query_chars: int = 500,
+        reward: str = "score",
         max_turns: Optional[int] = None,
         cache_root: Optional[str] = None,
         render_mode: Optional[str] = None,
@@ -149,6 +156,9 @@ class WebShopEnv(TextEnv):
         self.search_anywhere = bool(search_anywhere)
         self.invalid_feedback = bool(invalid_feedback)
         self.max_query_chars = int(max_query_chars)
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {', '.join(REWARDS)}, got {reward!r}")
+        self.reward = reward
         self._state: tuple = ()
 
     # ------------------------------------------------------------------ contract
@@ -177,6 +187,18 @@ class WebShopEnv(TextEnv):
     def _restore(self, state: Any) -> None:
         self._state = state
         self._goal = self.res.goals[state[0]]
+
+    def close(self) -> None:
+        """Release what this env holds (the record and ``goal`` stay readable).
+
+        The snapshots (a rendered page per turn) are dropped, and so is the env's
+        reference to the shared catalogue (with its record file map) and search index: a
+        closed env kept alive pins none of them. They stay cached in the process for the
+        next ``make`` (``resources.clear_process_cache()`` forgets them).
+        """
+        self.res = None
+        self._snapshots = []
+        super().close()
 
     @property
     def goal(self) -> Goal:
@@ -219,8 +241,11 @@ class WebShopEnv(TextEnv):
         return info
 
     def measures(self, info: dict, total_reward: float) -> dict[str, float]:
-        """Success (the purchase scores 1, WebShop's success rate) and the score (the purchase's reward)."""
-        return {"success": float(total_reward >= 1.0 - 1e-9), "score": float(total_reward)}
+        """Success (the purchase scores 1, WebShop's success rate) and the score (the purchase's graded
+        score, whichever ``reward`` the env returns)."""
+        details = info.get("reward_details")
+        score = float(details["reward"]) if details else 0.0
+        return {"success": float(score >= 1.0 - 1e-9), "score": score}
 
     def _reset(self, options: dict) -> tuple[str, dict]:
         goals = self.res.goals
@@ -327,4 +352,5 @@ class WebShopEnv(TextEnv):
         done["options"] = tuple(options)
         # stored as a tuple of pairs: the state stays immutable, so snapshots can share it
         obs = self._set(goal_idx, "done", item=item, options=options, done_info=tuple(done.items()))
-        return obs, details.reward, True, self._info()
+        reward = details.reward if self.reward == "score" else float(details.reward >= 1.0 - 1e-9)
+        return obs, reward, True, self._info()
