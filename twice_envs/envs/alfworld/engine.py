@@ -17,6 +17,20 @@ A reset then costs one ``load_sas`` in the native library plus the admissible
 commands of the first state. The caches are installed into the engine's modules
 once per process; :func:`plain_engine` undoes them (the tests compare both engines
 text for text, the benchmark times both).
+
+Threads: each env holds its own engine (its own library copy), but the engine's
+parsers (TextWorld keeps its tatsu parsers in module globals, and a parse keeps its
+state on the parser), its PDDL translator (fast downward's, which rewrites
+``sys.argv``, its module options and ``sys.stdout``) and the parsed game logic are
+shared by the whole process. :data:`LOCK`, one re-entrant lock per process, guards
+each of them: every parser entry point, the translator and the construction of a
+planning state (which writes into the shared logic) are wrapped with it, with or
+without the caches, and so is loading a game into an engine. Everything else a reset
+or a step does touches only its own engine, or only reads the shared logic and
+grammar. With the caches warm a step never parses, so the lock is rarely taken and
+threads (one env per thread) stay usable; tests check episodes played in threads
+against the same episodes played by one thread. A fork waits until no thread holds
+the lock, so a forked child never inherits a parse in progress.
 """
 
 from __future__ import annotations
@@ -24,6 +38,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import os
 import sys
 import threading
 from collections import OrderedDict
@@ -110,7 +125,15 @@ class _LRU(OrderedDict):
 _translations: _LRU = _LRU(2 * CACHE_SIZE)  # two translations per game
 _logics: _LRU = _LRU()
 _names: _LRU = _LRU()
-_lock = threading.RLock()
+#: Guards the engine's process-wide state (parsers, translator, shared game logic, the
+#: caches of this module): see the module docstring. Re-entrant: a guarded load calls
+#: guarded parsers.
+LOCK = threading.RLock()
+_lock = LOCK
+if hasattr(os, "register_at_fork"):
+    # A fork while another thread parses would give the child a parser in mid-parse and a
+    # lock that no thread of the child holds: fork only between guarded calls.
+    os.register_at_fork(before=LOCK.acquire, after_in_parent=LOCK.release, after_in_child=LOCK.release)
 
 
 def _modules() -> tuple[Any, Any, Any, Any]:
@@ -121,10 +144,54 @@ def _modules() -> tuple[Any, Any, Any, Any]:
     pddl = require("textworld.envs.pddl", "alfworld", "the ALFWorld env (textworld[pddl])")
     from textworld.envs.pddl import logic as pddl_logic
 
-    if not _caches_disabled:
-        _install_translation_cache(fast_downward)
-        _install_text_caches()
+    with LOCK:  # two threads making their first env at once install each wrapper once
+        _install_locks(fast_downward, pddl_logic)
+        if not _caches_disabled:
+            _install_translation_cache(fast_downward)
+            _install_text_caches()
     return textworld, fast_downward, pddl, pddl_logic
+
+
+def _locked(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` called under :data:`LOCK` (marked, so it is wrapped once)."""
+
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Any:
+        with LOCK:
+            return function(*args, **kwargs)
+
+    guarded._twice_locked = True  # type: ignore[attr-defined]
+    return guarded
+
+
+def _install_locks(fast_downward: Any, pddl_logic: Any) -> None:
+    """Guard the engine's shared, non-thread-safe entry points with :data:`LOCK` (once per process).
+
+    * TextWorld's three tatsu parsers (the logic language, the PDDL logic and the text
+      grammar) are module globals whose parse state lives on the parser object: two
+      threads inside one corrupt each other's parse (``IndexError: pop from empty
+      list`` from ``tatsu/contexts.py``, or a wrong tree).
+    * fast downward's translator rewrites ``sys.argv``, its module options and
+      ``sys.stdout`` while it runs.
+    * a new planning state (``PddlState``, built by every load and reset) adds the
+      translator's types to the game logic, which all engines of the game share.
+
+    The wrappers go under the caches (installed afterwards, they wrap these), so
+    :func:`plain_engine` keeps them.
+    """
+    import textworld.logic as tw_logic
+    from textworld.envs.pddl import textgen
+
+    targets = [(module, "_parse_and_convert") for module in (tw_logic, pddl_logic, textgen)]
+    # TextWorld's own game logic calls its parser directly, not through _parse_and_convert.
+    targets += [(tw_logic.GameLogic, "_parse"), (pddl_logic.PddlState, "__init__"), (fast_downward, "pddl2sas")]
+    for owner, name in targets:
+        function = getattr(owner, name)
+        # Below a cache wrapper (``__wrapped__``) sits the guarded function once installed.
+        below = getattr(function, "__wrapped__", None)
+        if getattr(function, "_twice_locked", False) or getattr(below, "_twice_locked", False):
+            continue
+        setattr(owner, name, _locked(function))
 
 
 def _install_translation_cache(fast_downward: Any) -> None:
@@ -279,6 +346,10 @@ class Engine:
     def load(self, game: GameData) -> None:
         """Load ``game`` into this library copy (the parsed logic comes from the cache)."""
         _, _, _, pddl_logic = _modules()
+        with LOCK:
+            self._load(game, pddl_logic)
+
+    def _load(self, game: GameData, pddl_logic: Any) -> None:
         env = self._env
         data = game.as_json()
         try:
