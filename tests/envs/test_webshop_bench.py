@@ -22,8 +22,22 @@ def test_bench_quick(tmp_path, capsys):
     data = json.loads(out.read_text())
     size = data["sizes"]["300"]
     assert size["products"] == 300 and size["goals"] > 0 and data["search"]["queries"] == 5
-    assert size["cold_load_s"] > 0 and size["cached_reload_s"] > 0
+    assert size["cold_load_s"] > 0 and size["cached_reload_s"] > 0 and size["process_reload_s"] > 0
+    assert size["files_mb"] > 0 and size["cache_mb"] > 0 and size["process_rss_after_load_mb"] > 0
     assert data["peak_rss_mb"] >= size["peak_rss_mb"] > 0
+    assert f"reload in a new process {size['process_reload_s']:.3f} s" in text
+
+    # worker memory: one process, then two at once, measured together; the bench itself let go of
+    # the catalogue first
+    w = data["workers"]
+    assert w["one"]["workers"] == 1 and w["many"]["workers"] == 2 and not w["bench_maps_cache"]
+    assert all(r["load_s"] > 0 and r["rss_mb"] > 0 for r in w["many"]["reports"])
+    if w["one"]["reports"][0]["smaps"] is not None:
+        many = w["many"]
+        assert many["pss_sum_mb"] <= many["rss_sum_mb"]
+        pss_extra = many["pss_sum_mb"] - w["one"]["reports"][0]["smaps"]["pss_mb"]  # one extra process
+        assert w["extra_process_pss_mb"] == pytest.approx(pss_extra)
+        assert f"PSS sum {many['pss_sum_mb']:.0f} MB" in text and f"+{pss_extra:.0f} MB PSS" in text
 
     s = data["search"]
     p50, p95, b50, ratio = _ms(text, r"search on 300 products \(5 queries\): p50 ([\d.]+) ms, p95 ([\d.]+) ms \| "
@@ -47,6 +61,25 @@ def test_bench_quick(tmp_path, capsys):
     assert state_ratio == round(f["deepcopy_p50_s"] / f["snapshot_restore_p50_s"])
     # a fork is a snapshot restore plus more (a fresh env, the digest check): never cheaper
     assert 0 < f["snapshot_restore_p50_s"] < f["fork_p50_s"]
+
+
+def test_bench_without_baseline_and_workers_reports_growth(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    keep = tmp_path / "kept"
+    assert main(["--quick", "--products", "200", "400", "--queries", "3", "--baseline-max", "300", "--workers", "0",
+                 "--dir", str(keep), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert "rank_bm25_build_s" in data["sizes"]["200"] and "rank_bm25_build_s" not in data["sizes"]["400"]
+    assert data["search"]["rank_bm25_p50_s"] is None and "rank_bm25 baseline skipped (> 300 products)" in text
+    assert "workers" not in data
+    g = data["growth_per_100k"]
+    r0, r1 = data["sizes"]["200"], data["sizes"]["400"]
+    assert g["files_mb"] == pytest.approx((r1["files_mb"] - r0["files_mb"]) * 500) and g["files_mb"] > 0
+    assert "growth per 100k products (200 -> 400)" in text
+    # --dir keeps the generated files in the original format, and their caches
+    assert (keep / "data400" / "items_generated.json").read_text().startswith('[{"asin": ')
+    assert len(list((keep / "cache400").iterdir())) == 1
 
 
 @pytest.mark.parametrize("actions", [["search[red shirt]"], ["search[red shirt]", "click[next >]"]])

@@ -115,7 +115,7 @@ def test_disk_cache_reload_and_invalidation(tmp_path):
     assert twice_envs.make("WebShop-v0", **kw).res is env.res  # per-process cache
     clear_process_cache()
     (cache_dirs := list((tmp_path / "cache").iterdir()))
-    assert len(cache_dirs) == 1 and (cache_dirs[0] / "meta.json").exists()
+    assert len(cache_dirs) == 1 and (cache_dirs[0] / "manifest.json").exists()
     env2 = twice_envs.make("WebShop-v0", **kw)  # from the disk cache
     assert env2.res is not env.res
     assert [env2.res.goals[i] for i in range(len(env2.res.goals))] == [env.res.goals[i] for i in range(len(env.res.goals))]
@@ -177,3 +177,15 @@ def test_attribute_and_human_errors_name_their_file_and_entry_line(tmp_path):
     with pytest.raises(DataFormatError, match="instruction_options") as e:
         twice_envs.make("WebShop-v0", human_path=str(human_path), **kw)
     assert e.value.path == str(human_path) and e.value.line == expected
+
+
+@pytest.mark.parametrize("n, batch", [(1, 2000), (57, 10), (230, 7)])
+def test_generator_streams_the_original_file_format(tmp_path, n, batch):
+    # written a batch at a time, the files are byte for byte json.dumps of the whole lists: one
+    # JSON array of products, one object asin -> attributes
+    products, attrs = catalogue_gen.generate(n, seed=2)
+    p_path, a_path = catalogue_gen.write(tmp_path, n, 2, batch=batch)
+    assert p_path.read_text() == json.dumps(products) and a_path.read_text() == json.dumps(attrs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([p_path.name, a_path.name])  # no temp file left
+    assert [v for _, v in iter_json_array(p_path, chunk_chars=64)] == products
+    assert list(catalogue_gen.iter_products(n, 2)) == [(p, attrs[p["asin"]]) for p in products]

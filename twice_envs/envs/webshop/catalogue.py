@@ -18,6 +18,15 @@ characters are skipped, a repeated asin keeps its first product, option names an
 are lower-cased and ``/`` in a value becomes `` | ``, the query is lower-cased and
 stripped, a product without attributes gets ``["DUMMY_ATTR"]``. A malformed file raises
 :class:`~twice_envs.errors.DataFormatError` with the file, the line and the problem.
+
+Cache files (:class:`FlatWriter`, :class:`FlatFiles`): the built catalogue, search index
+and goal tables are flat files in one folder: ``.npy`` arrays (opened with
+``mmap_mode="r"``, so every process on one machine shares their pages) and a records
+file, listed last in ``manifest.json`` with each file's size, CRC-32 and array type. Each
+file is written under a temporary name and renamed. Opening checks the manifest's format
+version and every file's size, checksum, dtype and shape before anything is read; a
+truncated, corrupt, foreign or other-version file raises :class:`DataFormatError` naming
+it (the loaders in :mod:`.resources` then rebuild the cache).
 """
 
 from __future__ import annotations
@@ -27,16 +36,20 @@ import json
 import mmap
 import os
 import re
+import zlib
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence
+
+import numpy as np
 
 from twice_envs.errors import DataFormatError
 
-#: Bump when the cached record layout or normalisation changes.
-CACHE_FORMAT = "webshop-catalogue/1"
+#: Bump when the cached record layout, the cache files or normalisation change.
+CACHE_FORMAT = "webshop-catalogue/2"
 
 
 @dataclass(frozen=True)
@@ -382,10 +395,13 @@ def _parse_human_entry(asin: str, items: Any, path: Any) -> tuple[HumanInstructi
 class RecordFile(Sequence[Product]):
     """Products stored one JSON record per line, read on demand through ``mmap``.
 
-    A reload costs one small offsets read, not a parse of the whole catalogue.
+    ``offsets`` (``N + 1`` line starts) is usually a memory-mapped array, so a reload costs
+    no parse of the catalogue and every process shares the pages it reads. A small memo
+    keeps the products read last.
     """
 
     def __init__(self, records_path: Path, offsets: Sequence[int], memo_size: int = 4096) -> None:
+        self.path = Path(records_path)
         self._fh = open(records_path, "rb")
         size = os.fstat(self._fh.fileno()).st_size
         self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
@@ -406,11 +422,46 @@ class RecordFile(Sequence[Product]):
             if not 0 <= i < len(self):
                 raise IndexError(i)
             start, end = int(self._offsets[i]), int(self._offsets[i + 1])
-            p = Product.from_record(json.loads(self._mm[start:end]))
+            try:
+                p = Product.from_record(json.loads(self._mm[start:end]))
+            except (ValueError, TypeError, IndexError) as exc:
+                raise DataFormatError(self.path, i + 1, f"unreadable catalogue record ({exc})") from None
             self._memo[i] = p
             if len(self._memo) > self._memo_size:
-                self._memo.popitem(last=False)
+                try:
+                    self._memo.popitem(last=False)
+                except KeyError:  # emptied meanwhile by another thread
+                    pass
         return p
+
+
+class AsinIndex:
+    """asin -> catalogue position, over flat arrays: the asins' UTF-8 bytes sorted (``keys``,
+    a fixed-width bytes array) and their positions (``pos``). A lookup is a binary search,
+    so the table can stay memory-mapped and shared instead of a dict per process."""
+
+    def __init__(self, keys: np.ndarray, pos: np.ndarray) -> None:
+        self.keys, self.pos = keys, pos
+
+    @classmethod
+    def build(cls, asins: Sequence[str]) -> "AsinIndex":
+        encoded = [a.encode("utf-8") for a in asins]
+        width = max([1] + [len(e) for e in encoded])
+        arr = np.array(encoded, dtype=f"S{width}") if encoded else np.zeros(0, dtype="S1")
+        order = np.argsort(arr, kind="stable")
+        return cls(arr[order], order.astype(np.int64))
+
+    def __len__(self) -> int:
+        return len(self.pos)
+
+    def get(self, asin: str) -> Optional[int]:
+        key = asin.encode("utf-8")
+        if len(key) > self.keys.dtype.itemsize or key.endswith(b"\0"):
+            return None
+        i = int(np.searchsorted(self.keys, np.bytes_(key)))
+        if i < len(self.keys) and self.keys[i] == key:
+            return int(self.pos[i])
+        return None
 
 
 @dataclass
@@ -422,6 +473,7 @@ class Catalogue:
         human: asin -> human instructions (empty without ``items_human_ins.json``).
         key: a digest naming the data (files, sizes, times, options), used for caches.
         source: where it came from, for messages.
+        asins: an :class:`AsinIndex` (file catalogues); else a dict is built on first use.
     """
 
     products: Sequence[Product]
@@ -436,9 +488,15 @@ class Catalogue:
         return self.products[i]
 
     _asin_index: Optional[dict] = None
+    asins: Optional[AsinIndex] = None
 
     def index_of(self, asin: str) -> int:
         """Catalogue position of ``asin`` (KeyError when absent)."""
+        if self.asins is not None:
+            i = self.asins.get(asin)
+            if i is None:
+                raise KeyError(asin)
+            return i
         if self._asin_index is None:
             self._asin_index = {self.products[i].asin: i for i in range(len(self.products))}
         return self._asin_index[asin]
@@ -489,21 +547,204 @@ def stream_products(
         yield p
 
 
-def write_records(products: Iterator[Product], records_path: Path, on_product=None) -> list[int]:
-    """Write one JSON record per line to ``records_path`` (atomically); return line offsets.
+def write_records(products: Iterable[Product], out: BinaryIO, on_product=None) -> np.ndarray:
+    """Write one JSON record per line to ``out``; return the ``N + 1`` line offsets (int64).
 
     ``on_product(product)`` is called for each one (e.g. to feed the search indexer).
     """
-    tmp = records_path.with_name(f".{records_path.name}.{os.getpid()}.tmp")
     offsets = [0]
-    with open(tmp, "wb") as fh:
-        for p in products:
-            if on_product is not None:
-                on_product(p)
-            data = json.dumps(p.to_record(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
-            fh.write(data)
-            offsets.append(offsets[-1] + len(data))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, records_path)
-    return offsets
+    pos = 0
+    batch: list[bytes] = []
+    for p in products:
+        if on_product is not None:
+            on_product(p)
+        data = json.dumps(p.to_record(), ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
+        batch.append(data)
+        pos += len(data)
+        offsets.append(pos)
+        if len(batch) >= 1024:
+            out.write(b"".join(batch))
+            batch.clear()
+    out.write(b"".join(batch))
+    return np.asarray(offsets, dtype=np.int64)
+
+
+# --------------------------------------------------------------------------- flat cache files
+
+#: The file that lists a cache folder's files; written last.
+MANIFEST = "manifest.json"
+_MAGIC = "twice_envs flat cache"
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_CHUNK = 1 << 22
+
+
+def _check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"bad cache file name {name!r}")
+    return name
+
+
+class _CrcWriter:
+    """A binary file wrapper that keeps the CRC-32 and size of what went through it."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.crc, self.size = fh, 0, 0
+
+    def write(self, data: bytes) -> int:
+        self.crc = zlib.crc32(data, self.crc)
+        self.size += len(data)
+        return self.fh.write(data)
+
+
+def file_crc32(path: str | os.PathLike) -> tuple[int, int]:
+    """``(crc32, size)`` of a file, read in chunks (no memory map, so no resident pages)."""
+    crc, size = 0, 0
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while True:
+            n = fh.readinto(buf)
+            if not n:
+                break
+            crc = zlib.crc32(view[:n], crc)
+            size += n
+    return crc, size
+
+
+class FlatWriter:
+    """Writes a folder of flat files, then (:meth:`finish`) its manifest.
+
+    Every file goes to a temporary name in the folder and is renamed when complete; the
+    manifest comes last, so a folder without one was never finished.
+    """
+
+    def __init__(self, directory: str | os.PathLike) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, dict] = {}
+
+    def _tmp(self, name: str) -> Path:
+        return self.directory / f".{name}.{os.getpid()}.tmp"
+
+    def array(self, name: str, arr: Any) -> None:
+        """Save ``arr`` as ``name`` (``.npy``, C order, no pickled objects)."""
+        _check_name(name)
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.hasobject:
+            raise TypeError(f"cache array {name} holds Python objects")
+        tmp = self._tmp(name)
+        try:
+            with open(tmp, "wb") as fh:
+                w = _CrcWriter(fh)
+                np.lib.format.write_array(w, arr, allow_pickle=False)  # type: ignore[arg-type]
+            os.replace(tmp, self.directory / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.files[name] = {"bytes": w.size, "crc32": w.crc, "dtype": arr.dtype.str, "shape": list(arr.shape)}
+
+    @contextmanager
+    def stream(self, name: str) -> Iterator[_CrcWriter]:
+        """A binary stream written to ``name`` (renamed into place when the block ends)."""
+        _check_name(name)
+        tmp = self._tmp(name)
+        try:
+            with open(tmp, "wb") as fh:
+                w = _CrcWriter(fh)
+                yield w
+            os.replace(tmp, self.directory / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self.files[name] = {"bytes": w.size, "crc32": w.crc}
+
+    def finish(self, fmt: str, meta: dict) -> None:
+        """Write the manifest (format, ``meta``, the files written)."""
+        from twice_envs.trajectory import atomic_write_text
+
+        manifest = {"magic": _MAGIC, "format": fmt, "meta": meta, "files": self.files}
+        atomic_write_text(self.directory / MANIFEST, json.dumps(manifest, sort_keys=True))
+
+
+class FlatFiles:
+    """A verified folder of flat files (see :meth:`open`); arrays come memory-mapped read-only."""
+
+    def __init__(self, directory: Path, fmt: str, meta: dict, files: dict) -> None:
+        self.directory, self.format, self.meta, self.files = directory, fmt, meta, files
+        self.manifest_path = directory / MANIFEST
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike, fmt: str, required: Iterable[str] = ()) -> "FlatFiles":
+        """Check the manifest and every file it lists, then return the folder.
+
+        Raises :class:`DataFormatError` naming the file when the manifest is missing, not
+        one of ours, of another format version, or lacks a ``required`` file, or when a
+        file is missing, of another size (truncated), fails its checksum (corrupt or
+        replaced) or is not the array the manifest describes.
+        """
+        directory = Path(directory)
+        mpath = directory / MANIFEST
+        try:
+            raw = mpath.read_bytes()
+        except FileNotFoundError:
+            raise DataFormatError(mpath, None, "missing: the cache folder was never finished") from None
+        except OSError as exc:
+            raise DataFormatError(mpath, None, f"unreadable: {exc}") from None
+        try:
+            m = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise DataFormatError(mpath, None, f"not a cache manifest (invalid JSON: {exc})") from None
+        if not isinstance(m, dict) or m.get("magic") != _MAGIC:
+            raise DataFormatError(mpath, None, "not a twice_envs cache manifest")
+        if m.get("format") != fmt:
+            raise DataFormatError(
+                mpath, None, f"written in cache format {m.get('format')!r}; this version reads {fmt!r}"
+            )
+        files, meta = m.get("files"), m.get("meta")
+        if not isinstance(files, dict) or not isinstance(meta, dict):
+            raise DataFormatError(mpath, None, "the manifest lacks its 'files' or 'meta' table")
+        for name in required:
+            if name not in files:
+                raise DataFormatError(mpath, None, f"the manifest lists no {name!r}")
+        for name, entry in files.items():
+            if not isinstance(name, str) or not _NAME.match(name) or not isinstance(entry, dict):
+                raise DataFormatError(mpath, None, f"bad file entry {name!r}")
+            cls._verify(directory / name, entry)
+        return cls(directory, fmt, meta, files)
+
+    @staticmethod
+    def _verify(path: Path, entry: dict) -> None:
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise DataFormatError(path, None, f"missing (listed in {MANIFEST})") from None
+        if size != entry.get("bytes"):
+            raise DataFormatError(
+                path, None, f"is {size} bytes, {MANIFEST} says {entry.get('bytes')} (truncated or replaced)"
+            )
+        try:
+            crc, _ = file_crc32(path)
+        except OSError as exc:
+            raise DataFormatError(path, None, f"unreadable: {exc}") from None
+        if crc != entry.get("crc32"):
+            raise DataFormatError(path, None, "its content does not match its checksum (corrupt or replaced)")
+
+    def path(self, name: str) -> Path:
+        if name not in self.files:
+            raise DataFormatError(self.manifest_path, None, f"the manifest lists no {name!r}")
+        return self.directory / name
+
+    def array(self, name: str) -> np.ndarray:
+        """The array ``name``, memory-mapped read-only (checked against the manifest's dtype and shape)."""
+        path = self.path(name)
+        entry = self.files[name]
+        try:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:
+            raise DataFormatError(path, None, f"not a valid .npy array ({exc})") from None
+        if arr.dtype.str != entry.get("dtype") or list(arr.shape) != entry.get("shape") or not arr.flags.c_contiguous:
+            raise DataFormatError(
+                path, None,
+                f"holds {arr.dtype.str} {list(arr.shape)}, {MANIFEST} says {entry.get('dtype')} {entry.get('shape')}",
+            )
+        return arr.view(np.ndarray)

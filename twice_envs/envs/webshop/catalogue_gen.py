@@ -12,17 +12,21 @@ exercised by the default too:
 Randomness comes from :class:`random.Random` (its ``random()``/``randrange`` streams are
 stable across Python 3 versions and platforms), so ``generate(n, seed)`` is the same
 everywhere. Run ``python -m twice_envs.envs.webshop.catalogue_gen OUT_DIR [N]`` to write
-the files.
+the files. :func:`write` streams: products are made and written one batch at a time (the
+JSON array and object are opened, extended and closed incrementally, byte for byte what
+``json.dumps`` of the whole lists gives), so a 1.18M-product catalogue (about 1.1 GB) is
+written with tens of megabytes of memory.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 #: Products in the embedded default catalogue.
 DEFAULT_PRODUCTS = 500
@@ -236,6 +240,16 @@ def _money(x: float) -> str:
 
 def generate(num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED) -> tuple[list[dict], dict]:
     """``(products, attributes)`` in the original file formats (see the module docstring)."""
+    products: list[dict] = []
+    attrs: dict[str, dict] = {}
+    for product, entry in iter_products(num_products, seed):
+        products.append(product)
+        attrs[product["asin"]] = entry
+    return products, attrs
+
+
+def iter_products(num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED) -> Iterator[tuple[dict, dict]]:
+    """``(product, attributes entry)`` one at a time, in catalogue order (what :func:`generate` lists)."""
     if num_products < 1:
         raise ValueError(f"num_products must be >= 1, got {num_products}")
     if num_products > 10**7:
@@ -243,8 +257,6 @@ def generate(num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED) -> 
     rng = random.Random(seed)
     asins = _asins(num_products, seed)
     types = [(cat, t) for cat in CATEGORIES for t in CATEGORIES[cat]]
-    products: list[dict] = []
-    attrs: dict[str, dict] = {}
     for i in range(num_products):
         category, pt = types[i % len(types)] if i < len(types) else types[rng.randrange(len(types))]
         asin = asins[i]
@@ -274,39 +286,77 @@ def generate(num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED) -> 
             f"The {brand} {descriptor.lower()} {pt.noun.lower()} is a {pt.query} built for daily use. "
             f"It features {', '.join(p_attrs)}."
         )
-        products.append(
-            {
-                "asin": asin,
-                "name": title,
-                "full_description": description,
-                "small_description": bullets,
-                "pricing": pricing,
-                "images": [f"generated://{asin}.jpg"],
-                "category": category,
-                "query": pt.query,
-                "product_category": pt.path,
-                "customization_options": options,
-            }
-        )
+        product = {
+            "asin": asin,
+            "name": title,
+            "full_description": description,
+            "small_description": bullets,
+            "pricing": pricing,
+            "images": [f"generated://{asin}.jpg"],
+            "category": category,
+            "query": pt.query,
+            "product_category": pt.path,
+            "customization_options": options,
+        }
         ins_attrs = _sample(rng, tuple(p_attrs), 1 + (len(p_attrs) > 2 and rng.random() < 0.5))
         template = _TEMPLATES[rng.randrange(len(_TEMPLATES))]
         if "{a1}" in template and len(ins_attrs) < 2:
             template = "i need a {a0} {q}"
         instruction = template.format(q=pt.query, a0=ins_attrs[0], a1=ins_attrs[-1])
-        attrs[asin] = {"attributes": p_attrs, "instruction": instruction, "instruction_attributes": ins_attrs}
-    return products, attrs
+        yield product, {"attributes": p_attrs, "instruction": instruction, "instruction_attributes": ins_attrs}
 
 
-def write(out_dir: str | Path, num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED) -> tuple[Path, Path]:
-    """Write ``items_generated.json`` and ``items_ins_generated.json``; return their paths."""
-    from twice_envs.trajectory import atomic_write_text
+#: File names :func:`write` uses.
+PRODUCTS_FILE, ATTRIBUTES_FILE = "items_generated.json", "items_ins_generated.json"
 
+
+def write(
+    out_dir: str | Path, num_products: int = DEFAULT_PRODUCTS, seed: int = DEFAULT_SEED, batch: int = 2000
+) -> tuple[Path, Path]:
+    """Write ``items_generated.json`` (the products, an ``items_shuffle``-style JSON array) and
+    ``items_ins_generated.json`` (an ``items_ins_v2``-style object); return their paths.
+
+    Streamed: ``batch`` products at a time are encoded and appended, so memory does not
+    grow with ``num_products``. Each file is written under a temporary name and renamed
+    when complete. The bytes equal ``json.dumps`` of :func:`generate`'s lists.
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    products, attrs = generate(num_products, seed)
-    p_path, a_path = out / "items_generated.json", out / "items_ins_generated.json"
-    atomic_write_text(p_path, json.dumps(products))
-    atomic_write_text(a_path, json.dumps(attrs))
+    p_path, a_path = out / PRODUCTS_FILE, out / ATTRIBUTES_FILE
+    p_tmp, a_tmp = out / f".{PRODUCTS_FILE}.{os.getpid()}.tmp", out / f".{ATTRIBUTES_FILE}.{os.getpid()}.tmp"
+    dumps = json.dumps
+    try:
+        with open(p_tmp, "w", encoding="utf-8") as pf, open(a_tmp, "w", encoding="utf-8") as af:
+            pf.write("[")
+            af.write("{")
+            first = True
+            p_parts: list[str] = []
+            a_parts: list[str] = []
+
+            def flush() -> None:
+                nonlocal first
+                if p_parts:
+                    sep = "" if first else ", "
+                    pf.write(sep + ", ".join(p_parts))
+                    af.write(sep + ", ".join(a_parts))
+                    first = False
+                    p_parts.clear()
+                    a_parts.clear()
+
+            for product, entry in iter_products(num_products, seed):
+                p_parts.append(dumps(product))
+                a_parts.append(f"{dumps(product['asin'])}: {dumps(entry)}")
+                if len(p_parts) >= batch:
+                    flush()
+            flush()
+            pf.write("]")
+            af.write("}")
+        os.replace(p_tmp, p_path)
+        os.replace(a_tmp, a_path)
+    except BaseException:
+        p_tmp.unlink(missing_ok=True)
+        a_tmp.unlink(missing_ok=True)
+        raise
     return p_path, a_path
 
 

@@ -21,6 +21,12 @@ Construction follows the original:
 Splits by goal index, as the original: test = goals ``[0, 500)``, eval = ``[500, 1500)``,
 train = ``[1500, N)``. Goal sets with fewer than 2,000 goals (the embedded default has
 more) are split 10% / 10% / 80% in the same order.
+
+Goals, their order and their splits are a function of the data files alone (no process,
+worker count, hash seed or build order enters), so ``{"split": s, "index": k}`` names the
+same goal in every process. Synthetic goals live in flat arrays (:class:`GoalTable`:
+goal -> product and option combination, weights, each split's cumulative weights), which
+the disk cache stores as memory-mapped files shared by all processes.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 
@@ -144,25 +150,128 @@ def synthetic_weights(counts: np.ndarray, attrs_of: list[tuple[str, ...]]) -> np
     return w
 
 
+def split_bounds(n: int) -> dict[str, tuple[int, int]]:
+    """``split -> (start, stop)`` goal indices for a goal set of ``n`` goals (``all`` included)."""
+    if n >= 2000:
+        bounds = {"test": (0, 500), "eval": (500, 1500), "train": (1500, n)}
+    else:
+        a = max(1, n // 10) if n >= 3 else 0
+        bounds = {"test": (0, a), "eval": (a, 2 * a), "train": (2 * a, n)}
+    bounds["all"] = (0, n)
+    return bounds
+
+
+def shuffled_order(n: int) -> np.ndarray:
+    """The original's goal order: ``list(range(n))`` shuffled by ``random.Random(233)``."""
+    perm = list(range(n))
+    random.Random(SHUFFLE_SEED).shuffle(perm)
+    return np.asarray(perm, dtype=np.int64)
+
+
+class GoalTable:
+    """The synthetic goals of a catalogue as flat arrays.
+
+    Goal ``i`` is raw goal ``perm[i]``; raw goals ``starts[p]:starts[p + 1]`` are product
+    ``p``'s option combinations. ``weights[i]`` is goal ``i``'s weight, and each split's
+    cumulative weights and total (what :meth:`GoalSet.sample` draws with) are kept too, so
+    loaded from the cache (memory-mapped) they cost a process nothing to compute or hold.
+    """
+
+    ARRAYS = ("starts", "perm", "weights")
+
+    def __init__(self, starts: np.ndarray, perm: np.ndarray, weights: np.ndarray,
+                 split_sums: Optional[dict[str, tuple[np.ndarray, float]]] = None) -> None:
+        self.starts, self.perm, self.weights = starts, perm, weights
+        self._sums: dict[str, tuple[np.ndarray, float]] = dict(split_sums or {})
+
+    @classmethod
+    def from_counts(cls, counts: Any, product_weights: Any) -> "GoalTable":
+        """From each product's number of goals and their weight (:func:`synthetic_table`)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        n = int(starts[-1])
+        raw = np.repeat(np.asarray(product_weights, dtype=np.float64), counts)
+        perm = shuffled_order(n)
+        return cls(starts, perm, raw[perm] if n else np.zeros(0))
+
+    def __len__(self) -> int:
+        return len(self.perm)
+
+    def split_sums(self, split: str) -> tuple[np.ndarray, float]:
+        """``(cumulative weights, total weight)`` of ``split``'s goals."""
+        got = self._sums.get(split)
+        if got is None:
+            got = cumulative(self.weights, split_bounds(len(self))[split])
+            self._sums[split] = got
+        return got
+
+    def write_files(self, writer, prefix: str = "goal_") -> dict:
+        """Write the arrays (``<prefix><name>.npy``, one ``<prefix>cum_<split>.npy`` per split);
+        return the metadata to keep beside them."""
+        for name in self.ARRAYS:
+            writer.array(f"{prefix}{name}.npy", getattr(self, name))
+        totals = {}
+        for split in SPLITS:
+            cum, total = self.split_sums(split)
+            writer.array(f"{prefix}cum_{split}.npy", cum)
+            totals[split] = total
+        return {"goals": len(self), "products": len(self.starts) - 1, "totals": totals}
+
+    @classmethod
+    def from_files(cls, files, meta: dict, prefix: str = "goal_") -> "GoalTable":
+        """The table written by :meth:`write_files` (arrays memory-mapped read-only)."""
+        a = {name: files.array(f"{prefix}{name}.npy") for name in cls.ARRAYS}
+        n, totals = meta.get("goals"), meta.get("totals")
+        starts = a["starts"]
+        problem = None
+        if not isinstance(n, int) or not isinstance(totals, dict) or set(totals) != set(SPLITS):
+            problem = "the goal metadata lacks 'goals' or 'totals'"
+        elif a["perm"].dtype != np.int64 or starts.dtype != np.int64 or a["weights"].dtype != np.float64:
+            problem = "goal arrays of the wrong type"
+        elif len(a["perm"]) != n or len(a["weights"]) != n or len(starts) < 1 or starts[0] != 0 or starts[-1] != n:
+            problem = "goal arrays disagree with the number of goals"
+        if problem:
+            raise DataFormatError(files.manifest_path, None, f"inconsistent goal table: {problem}")
+        sums = {}
+        for split, (lo, hi) in split_bounds(n).items():
+            cum = files.array(f"{prefix}cum_{split}.npy")
+            if len(cum) != hi - lo or not isinstance(totals[split], (int, float)):
+                raise DataFormatError(files.manifest_path, None, f"inconsistent goal table: split {split!r}")
+            sums[split] = (cum, float(totals[split]))
+        return cls(starts, a["perm"], a["weights"], sums)
+
+
+def cumulative(weights: np.ndarray, bounds: tuple[int, int]) -> tuple[np.ndarray, float]:
+    """``(np.cumsum(w), w.sum())`` of ``weights[start:stop]`` (what sampling draws with)."""
+    w = weights[bounds[0] : bounds[1]]
+    return np.cumsum(w), float(w.sum())
+
+
 class GoalSet:
-    """The goals of a catalogue, built lazily: ``goals[i]`` makes goal ``i`` on demand."""
+    """The goals of a catalogue, built lazily: ``goals[i]`` makes goal ``i`` on demand.
+
+    ``table`` (synthetic goals): a :class:`GoalTable`, or ``(counts, product_weights)``
+    from :func:`synthetic_table`; None computes it from the catalogue.
+    """
+
+    #: Goals kept made; beyond this the memo starts again (a goal is cheap to remake).
+    MEMO_MAX = 1 << 16
 
     def __init__(
         self,
         catalogue: Catalogue,
         kind: str,
         price_seed: int,
-        table: Optional[tuple[np.ndarray, np.ndarray]] = None,
+        table: Union[GoalTable, tuple[np.ndarray, np.ndarray], None] = None,
     ) -> None:
         if kind not in ("synthetic", "human"):
             raise ValueError(f"goal kind must be 'synthetic' or 'human', got {kind!r}")
         self.catalogue, self.kind, self.price_seed = catalogue, kind, int(price_seed)
+        self._human_refs: list[tuple[int, int]] = []
         if kind == "synthetic":
-            counts, pweights = table if table is not None else synthetic_table(catalogue.products)
-            self._starts = np.concatenate([[0], np.cumsum(counts)])
-            n = int(self._starts[-1])
-            raw_weights = np.repeat(pweights, counts)
-            self._human_refs: list[tuple[int, int]] = []
+            if not isinstance(table, GoalTable):
+                table = GoalTable.from_counts(*(table if table is not None else synthetic_table(catalogue.products)))
+            self.table = table
         else:
             refs = []
             for i in self._human_products():
@@ -171,11 +280,8 @@ class GoalSet:
                         refs.append((i, k))
             self._human_refs = refs
             n = len(refs)
-            raw_weights = np.ones(n)
-        perm = list(range(n))
-        random.Random(SHUFFLE_SEED).shuffle(perm)
-        self._perm = np.asarray(perm, dtype=np.int64)
-        self.weights = raw_weights[self._perm] if n else np.zeros(0)
+            self.table = GoalTable(np.zeros(1, dtype=np.int64), shuffled_order(n), np.ones(n))
+        self._starts, self._perm, self.weights = self.table.starts, self.table.perm, self.table.weights
         self._memo: dict[int, Goal] = {}
 
     def _human_products(self) -> list[int]:
@@ -199,6 +305,8 @@ class GoalSet:
         g = self._memo.get(int(i))
         if g is None:
             g = self._make(int(i))
+            if len(self._memo) >= self.MEMO_MAX:
+                self._memo.clear()
             self._memo[int(i)] = g
         return g
 
@@ -236,14 +344,7 @@ class GoalSet:
     # ------------------------------------------------------------------ splits
     def split_range(self, split: str) -> range:
         """Goal indices of ``split`` (``test``, ``eval``, ``train`` or ``all``)."""
-        n = len(self)
-        if split == "all":
-            return range(n)
-        if n >= 2000:
-            bounds = {"test": (0, 500), "eval": (500, 1500), "train": (1500, n)}
-        else:
-            a = max(1, n // 10) if n >= 3 else 0
-            bounds = {"test": (0, a), "eval": (a, 2 * a), "train": (2 * a, n)}
+        bounds = split_bounds(len(self))
         if split not in bounds:
             raise ValueError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
         lo, hi = bounds[split]
@@ -254,11 +355,9 @@ class GoalSet:
         r = self.split_range(split)
         if len(r) == 0:
             raise ValueError(f"split {split!r} has no goals (goal set of {len(self)})")
-        w = self.weights[r.start : r.stop]
-        total = float(w.sum())
+        cum, total = self.table.split_sums(split)
         if not math.isfinite(total) or total <= 0:
             return r.start + int(rng.integers(len(r)))
-        cum = np.cumsum(w)
         pos = float(rng.random()) * total
         return r.start + min(int(np.searchsorted(cum, pos, side="right")), len(r) - 1)
 

@@ -3,27 +3,44 @@
 * Per process: :func:`get_resources` returns the same object for the same data and
   options, so ``make("WebShop-v0")`` again (what ``fork`` does) costs microseconds.
 * On disk, for data files: the normalised catalogue (one JSON record per line, read on
-  demand), the goal tables and the BM25 index go under
-  ``twice_envs._cache.cache_dir("webshop", KEY)``, where KEY digests the files' paths,
-  sizes and modification times and the options. Every file is written to a temporary
-  name and renamed, and ``meta.json`` is written last, so two processes building at once
-  never see a half-built cache.
+  demand, with its line offsets), the asin table, the synthetic goal tables and the BM25
+  index go in one folder, ``twice_envs._cache.cache_dir("webshop") / KEY`` (or
+  ``cache_root / KEY``), where KEY digests the files' paths, sizes and modification
+  times and the options. All are flat files (``.npy`` arrays opened with
+  ``mmap_mode="r"``), so N worker processes on one catalogue share one copy of its pages
+  instead of holding N.
+* The folder is built beside its place and renamed into it when complete (two processes
+  building at once keep the first); inside, every file is written to a temporary name
+  and renamed, and ``manifest.json`` (sizes, checksums, array types, format version) is
+  written last. Loading checks all of it first: a truncated, corrupt, foreign or
+  other-version file raises :class:`~twice_envs.errors.DataFormatError` naming the file,
+  and :func:`load_catalogue` then discards the folder and rebuilds it (with a
+  ``RuntimeWarning`` saying which file was bad). A file is never read unchecked.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
+import shutil
+import tempfile
 import threading
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, TypeVar
 
 import numpy as np
 
 from twice_envs.envs.webshop import catalogue_gen
 from twice_envs.envs.webshop.catalogue import (
+    CACHE_FORMAT,
+    MANIFEST,
+    AsinIndex,
     Catalogue,
+    FlatFiles,
+    FlatWriter,
     RecordFile,
     file_key,
     load_json_object,
@@ -33,9 +50,14 @@ from twice_envs.envs.webshop.catalogue import (
     stream_products,
     write_records,
 )
-from twice_envs.envs.webshop.goals import GoalSet, synthetic_table, synthetic_weights
-from twice_envs.envs.webshop.search import ANALYZER_VERSION, IndexBuilder, SearchIndex
-from twice_envs.trajectory import atomic_write_text
+from twice_envs.envs.webshop.goals import GoalSet, GoalTable, synthetic_table, synthetic_weights
+from twice_envs.envs.webshop.search import ANALYZER_VERSION, INDEX_ARRAYS, IndexBuilder, SearchIndex
+from twice_envs.errors import DataFormatError
+
+
+T = TypeVar("T")
+#: Progress of cache builds (INFO: every 100,000 products and each stage).
+log = logging.getLogger("twice_envs.webshop")
 
 
 @dataclass
@@ -96,7 +118,7 @@ def _generated(num_products: Optional[int], seed: int):
     products = normalise_all(raw, attrs, path="<generated catalogue>")
     cat = Catalogue(products, {}, f"generated-{n}-{seed}", f"the embedded generated catalogue ({n} products, seed {seed})")
     index = SearchIndex.build(p.search_text() for p in products)
-    return cat, index, synthetic_table(products)
+    return cat, index, GoalTable.from_counts(*synthetic_table(products))
 
 
 def _check_file(path: str, what: str) -> str:
@@ -105,51 +127,131 @@ def _check_file(path: str, what: str) -> str:
     return path
 
 
+#: Files every catalogue cache folder holds (besides ``manifest.json``).
+CACHE_FILES = (
+    ("records.jsonl", "offsets.npy", "asin_keys.npy", "asin_pos.npy")
+    + tuple(f"goal_{n}.npy" for n in GoalTable.ARRAYS)
+    + tuple(f"index_{n}.npy" for n in INDEX_ARRAYS)
+)
+
+
+def cache_folder(
+    products_path: str,
+    attributes_path: Optional[str] = None,
+    num_products: Optional[int] = None,
+    cache_root: Optional[str] = None,
+) -> Path:
+    """The cache folder of these data files and options (it may not exist yet)."""
+    key = file_key(products_path, attributes_path, extra={"n": num_products, "analyzer": ANALYZER_VERSION})
+    if cache_root is None:
+        from twice_envs._cache import cache_dir
+
+        return cache_dir("webshop") / key
+    return Path(cache_root) / key
+
+
 def load_catalogue(
     products_path: str,
     attributes_path: Optional[str] = None,
     human_path: Optional[str] = None,
     num_products: Optional[int] = None,
     cache_root: Optional[str] = None,
-) -> tuple[Catalogue, SearchIndex, tuple[np.ndarray, np.ndarray]]:
-    """Load (building the disk cache the first time) a catalogue from the original files."""
+) -> tuple[Catalogue, SearchIndex, GoalTable]:
+    """Load (building the disk cache the first time, or again when a file of it is bad) a
+    catalogue from the original files."""
     _check_file(products_path, "products")
     if attributes_path:
         _check_file(attributes_path, "attributes")
     if human_path:
         _check_file(human_path, "human instructions")
-    key = file_key(products_path, attributes_path, extra={"n": num_products, "analyzer": ANALYZER_VERSION})
-    if cache_root is None:
-        from twice_envs._cache import cache_dir
-
-        root = cache_dir("webshop", key)
-    else:
-        root = Path(cache_root) / key
-        root.mkdir(parents=True, exist_ok=True)
-    if not (root / "meta.json").exists():
-        build_cache(root, products_path, attributes_path, num_products)
+    root = cache_folder(products_path, attributes_path, num_products, cache_root)
     human = {}
     if human_path:
         human = parse_human_instructions(load_json_object(human_path, "a list of instructions"), human_path)
-    offsets = np.load(root / "offsets.npy", mmap_mode="r")
-    products = RecordFile(root / "records.jsonl", offsets)
-    with open(root / "asins.json", encoding="utf-8") as fh:
-        asins = json.load(fh)
-    cat = Catalogue(products, human, key, str(products_path))
-    cat._asin_index = {a: i for i, a in enumerate(asins)}
-    index = SearchIndex.load(root / "index")
-    table = (np.load(root / "goal_counts.npy"), np.load(root / "goal_weights.npy"))
+    return open_or_build(
+        root,
+        lambda tmp: build_cache(tmp, products_path, attributes_path, num_products, root.name),
+        lambda folder: open_cache(verify_cache(folder), human, str(products_path)),
+    )
+
+
+def open_or_build(root: Path, build: Callable[[Path], None], opener: Callable[[Path], T]) -> T:
+    """``opener(root)``, first building the cache folder ``root`` with ``build(tmp_folder)`` when
+    it is missing, or again when ``opener`` finds a file of it bad.
+
+    A bad folder (``opener`` raised :class:`DataFormatError`) is moved aside and rebuilt,
+    with a ``RuntimeWarning`` naming the file that was bad. A fresh build that fails to
+    open raises.
+    """
+    from twice_envs._cache import build_dir, publish_dir
+
+    root = Path(root)
+    if root.exists():
+        try:
+            return opener(root)
+        except DataFormatError as exc:
+            if not root.is_dir() or any(root.iterdir()):  # an empty folder is just not built yet
+                warnings.warn(f"WebShop cache file unusable, rebuilding the cache: {exc}", RuntimeWarning, stacklevel=3)
+                discard_folder(root)
+    tmp = build_dir(root)
+    try:
+        build(tmp)
+        publish_dir(tmp, root, MANIFEST)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return opener(root)
+
+
+def verify_cache(root: Path) -> FlatFiles:
+    """Open the cache folder ``root``, checking every file (:class:`DataFormatError` names a bad one)."""
+    files = FlatFiles.open(root, CACHE_FORMAT, CACHE_FILES)
+    meta = files.meta
+    if meta.get("key") != Path(root).name:
+        raise DataFormatError(
+            files.manifest_path, None,
+            f"belongs to another data set (key {meta.get('key')!r}, this folder is {Path(root).name!r})",
+        )
+    return files
+
+
+def discard_folder(root: Path) -> None:
+    """Move ``root`` aside (one rename, so readers see it whole or gone), then delete it."""
+    trash = Path(tempfile.mkdtemp(prefix=f".{root.name}.discard-", dir=root.parent))
+    try:
+        os.replace(root, trash / "old")
+    except FileNotFoundError:
+        pass  # another process moved it first
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def open_cache(files: FlatFiles, human: dict, source: str) -> tuple[Catalogue, SearchIndex, GoalTable]:
+    """Catalogue, index and goal table of a verified cache folder (arrays memory-mapped read-only)."""
+    meta = files.meta
+    offsets = files.array("offsets.npy")
+    n = meta.get("products")
+    if not isinstance(n, int) or offsets.dtype != np.int64 or len(offsets) != n + 1 or offsets[0] != 0 \
+            or offsets[-1] != files.files["records.jsonl"]["bytes"]:
+        raise DataFormatError(files.path("offsets.npy"), None, "record offsets disagree with the records file")
+    keys, pos = files.array("asin_keys.npy"), files.array("asin_pos.npy")
+    if keys.dtype.kind != "S" or pos.dtype != np.int64 or len(keys) != n or len(pos) != n:
+        raise DataFormatError(files.path("asin_keys.npy"), None, "the asin table disagrees with the catalogue")
+    products = RecordFile(files.path("records.jsonl"), offsets)
+    cat = Catalogue(products, human, meta["key"], source, asins=AsinIndex(keys, pos))
+    index = SearchIndex.from_files(files, meta.get("index") or {}, prefix="index_")
+    if index.num_docs != n:
+        raise DataFormatError(files.manifest_path, None, f"the search index covers {index.num_docs} products, not {n}")
+    table = GoalTable.from_files(files, meta.get("goals") or {}, prefix="goal_")
+    if len(table.starts) != n + 1:
+        raise DataFormatError(files.manifest_path, None, "the goal table covers another number of products")
     return cat, index, table
 
 
-def _save_npy(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.npy")
-    np.save(tmp, arr)
-    os.replace(tmp, path)
-
-
-def build_cache(root: Path, products_path: str, attributes_path: Optional[str], num_products: Optional[int]) -> None:
-    """Stream the products once: write records, index texts and goal tables into ``root``."""
+def build_cache(
+    root: Path, products_path: str, attributes_path: Optional[str], num_products: Optional[int], key: str
+) -> None:
+    """Stream the products once into the folder ``root``: records, asin table, index, goal tables,
+    and last the manifest (which names ``key``, the folder's name once published)."""
     attrs = load_json_object(attributes_path, "attributes") if attributes_path else None
     if attrs is not None:
         validate_attributes(attrs, attributes_path)
@@ -157,26 +259,55 @@ def build_cache(root: Path, products_path: str, attributes_path: Optional[str], 
     asins: list[str] = []
     counts: list[int] = []
     ins_attrs: list[tuple[str, ...]] = []
+    pool: dict[str, str] = {}
+
+    t0 = time.perf_counter()
 
     def on_product(p) -> None:
         builder.add(p.search_text())
         asins.append(p.asin)
+        if len(asins) % 100_000 == 0:
+            log.info("WebShop cache: %d products read and analysed (%.0f s)", len(asins), time.perf_counter() - t0)
         n = 0
         if p.instruction is not None and p.instruction_attributes:
             n = 1
             for _, values in p.options:
                 n *= len(values)
         counts.append(n)
-        ins_attrs.append(p.instruction_attributes if n else ())
+        ins_attrs.append(tuple(pool.setdefault(a, a) for a in p.instruction_attributes) if n else ())
 
-    offsets = write_records(stream_products(products_path, attrs, num_products), root / "records.jsonl", on_product)
-    _save_npy(root / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+    writer = FlatWriter(root)
+    with writer.stream("records.jsonl") as out:
+        offsets = write_records(stream_products(products_path, attrs, num_products), out, on_product)
+    attrs = None  # what is no longer needed is let go before the index is built (the peak)
+    writer.array("offsets.npy", offsets)
+    asin_index = AsinIndex.build(asins)
+    writer.array("asin_keys.npy", asin_index.keys)
+    writer.array("asin_pos.npy", asin_index.pos)
+    n_products = len(asins)
+    asins.clear()
+    asin_index = None
     count_arr = np.asarray(counts, dtype=np.int64)
-    _save_npy(root / "goal_counts.npy", count_arr)
-    _save_npy(root / "goal_weights.npy", synthetic_weights(count_arr, ins_attrs))
-    atomic_write_text(root / "asins.json", json.dumps(asins))
-    builder.finish().save(root / "index")
-    atomic_write_text(root / "meta.json", json.dumps({"products": len(asins), "source": str(products_path)}))
+    table = GoalTable.from_counts(count_arr, synthetic_weights(count_arr, ins_attrs))
+    counts.clear()
+    ins_attrs.clear()
+    pool.clear()
+    goals_meta = table.write_files(writer, prefix="goal_")
+    table = None
+    log.info("WebShop cache: %d products, %d goals; building the search index (%.0f s)", n_products,
+             goals_meta["goals"], time.perf_counter() - t0)
+    index_meta = builder.finish().write_files(writer, prefix="index_")
+    log.info("WebShop cache: built in %.0f s", time.perf_counter() - t0)
+    writer.finish(
+        CACHE_FORMAT,
+        {
+            "key": key,
+            "products": n_products,
+            "source": str(products_path),
+            "goals": goals_meta,
+            "index": index_meta,
+        },
+    )
 
 
 def clear_process_cache() -> None:
