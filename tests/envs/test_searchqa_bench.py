@@ -1,4 +1,4 @@
-"""Smoke test of ``twice bench searchqa`` on a small corpus: the printed figures are the saved ones and
+"""Smoke test of ``twice bench searchqa`` on small corpora: the printed figures are the saved ones and
 hold together (speed itself is not asserted)."""
 
 import json
@@ -17,45 +17,83 @@ def _printed(text: str, pattern: str) -> list[float]:
     return [float(g) for g in m.groups()]
 
 
-@pytest.mark.slow
-def test_bench_runs_small_and_reports_every_figure(tmp_path, monkeypatch, capsys):
+def _run(tmp_path, monkeypatch, capsys, *args):
     monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
     resources.clear()
     out = tmp_path / "fig.json"
-    rc = main(["bench", "searchqa", "--passages", "1500", "--queries", "40", "--baseline-queries", "5", "--reps", "20", "--json", str(out)])
+    rc = main(["bench", "searchqa", *args, "--json", str(out)])
     resources.clear()
     assert rc == 0
-    text = capsys.readouterr().out
-    fig = json.loads(out.read_text())
-    assert fig["passages_requested"] == 1500 and 1200 < fig["passages"] < 1800
-    assert f"corpus: {fig['passages']} generated passages" in text
-    assert f"BM25 (k=3) on {fig['passages']} passages, 40 queries (5 for rank_bm25)" in text
-    for key in ("bm25_single_qps", "bm25_batched_qps", "rank_bm25_qps", "env_step_cached_search_us", "env_step_invalid_us",
-                "one_retrieval_us", "fork4_us", "journal_memory_hit_us", "journal_sqlite_hit_us", "index_build_peak_bytes"):
-        assert fig[key] > 0, key
+    return capsys.readouterr().out, json.loads(out.read_text())
 
-    # ratios are the quotients of the figures they compare
-    assert fig["speedup_single"] == pytest.approx(fig["bm25_single_qps"] / fig["rank_bm25_qps"], rel=1e-12)
-    assert fig["speedup_batched"] == pytest.approx(fig["bm25_batched_qps"] / fig["rank_bm25_qps"], rel=1e-12)
+
+def _check_common(text: str, fig: dict) -> None:
+    n, q = fig["passages"], fig["queries"]
+    for key in ("pruned_single_qps", "pruned_batched_qps", "exhaustive_single_qps", "exhaustive_batched_qps",
+                "env_step_cached_search_us", "env_step_invalid_us", "one_retrieval_us", "fork4_us", "journal_memory_hit_us",
+                "journal_sqlite_hit_us", "index_build_s", "index_build_peak_rss_bytes", "index_disk_bytes", "index_open_s"):
+        assert fig[key] > 0, key
+    # ratios are the quotients of the figures they compare, measured in the same run
+    assert fig["pruned_over_exhaustive_single"] == pytest.approx(fig["pruned_single_qps"] / fig["exhaustive_single_qps"], rel=1e-12)
+    assert fig["pruned_over_exhaustive_batched"] == pytest.approx(fig["pruned_batched_qps"] / fig["exhaustive_batched_qps"], rel=1e-12)
     assert fig["fork4_over_retrieval"] == pytest.approx(fig["fork4_us"] / fig["one_retrieval_us"], rel=1e-12)
-    assert fig["index_bytes_per_passage"] == pytest.approx(fig["index_bytes"] / fig["passages"], rel=1e-12)
-    assert fig["wiki18_index_gb_at_this_density"] == pytest.approx(
-        fig["index_bytes_per_passage"] * WIKI18_PASSAGES / 1e9, rel=1e-12)
-    assert fig["env_step_overhead_excl_retrieval_us"] == fig["env_step_cached_search_us"]
-    # 8 bytes per posting at least (score and passage id), and a vocabulary of terms that occur
-    assert fig["index_bytes"] >= 8 * fig["index_nnz"] > 0 and 0 < fig["vocab_terms"] <= fig["index_nnz"]
+    assert fig["index_bytes_per_passage"] == pytest.approx(fig["index_disk_bytes"] / n, rel=1e-12)
+    assert fig["wiki18_index_gb_at_this_density"] == pytest.approx(fig["index_bytes_per_passage"] * WIKI18_PASSAGES / 1e9, rel=1e-12)
+    assert fig["topk_identical"] == q
+    # 8 bytes per posting at least (weight and passage), and a vocabulary of terms that occur
+    assert fig["index_disk_bytes"] >= 8 * fig["index_nnz"] > 0 and 0 < fig["vocab_terms"] <= fig["index_nnz"]
+    assert fig["rss_bytes_after_queries"] > 0 and fig["index_build_peak_rss_bytes"] > 10e6
 
     # the printed lines show the saved figures
-    single, speedup = _printed(text, r"ours, single query\s+(\d+) q/s\s+([\d.]+)x rank_bm25")
-    batched, speedup_b = _printed(text, r"ours, batched\s+(\d+) q/s\s+([\d.]+)x rank_bm25")
-    assert (single, speedup) == (round(fig["bm25_single_qps"]), round(fig["speedup_single"], 1))
-    assert (batched, speedup_b) == (round(fig["bm25_batched_qps"]), round(fig["speedup_batched"], 1))
+    single, batched = _printed(text, r"  pruned\s+(\d+)\s+(\d+)\n")
+    assert (single, batched) == (round(fig["pruned_single_qps"]), round(fig["pruned_batched_qps"]))
+    single, batched = _printed(text, r"  exhaustive\s+(\d+)\s+(\d+)\n")
+    assert (single, batched) == (round(fig["exhaustive_single_qps"]), round(fig["exhaustive_batched_qps"]))
+    r1, r2, same, total = _printed(text, r"pruned / exhaustive\s+([\d.]+)x\s+([\d.]+)x\s+\(top-3 identical on (\d+)/(\d+) queries\)")
+    assert (r1, r2) == (round(fig["pruned_over_exhaustive_single"], 1), round(fig["pruned_over_exhaustive_batched"], 1))
+    assert same == total == q
+    (build,) = _printed(text, r"build ([\d.]+) s \(peak RSS")
+    assert build == round(fig["index_build_s"], 1)
+    (postings,) = _printed(text, r"\((\d+) postings")
+    assert postings == fig["index_nnz"]
     fork, ratio = _printed(text, r"fork\(4\)\s+([\d.]+) us  = ([\d.]+)x one retrieval")
     assert (fork, ratio) == (round(fig["fork4_us"], 1), round(fig["fork4_over_retrieval"], 2))
     (memory,) = _printed(text, r"memory layer\s+([\d.]+) us")
     (sqlite,) = _printed(text, r"SQLite \(WAL\) file\s+([\d.]+) us")
     assert (memory, sqlite) == (round(fig["journal_memory_hit_us"], 1), round(fig["journal_sqlite_hit_us"], 1))
-    (postings,) = _printed(text, r"\((\d+) postings")
-    assert postings == fig["index_nnz"]
     (gb,) = _printed(text, r"21,015,324 passages \(wiki-18\) -> ([\d.]+) GB")
     assert gb == round(fig["wiki18_index_gb_at_this_density"], 1)
+
+
+@pytest.mark.slow
+def test_bench_runs_small_and_reports_every_figure(tmp_path, monkeypatch, capsys):
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "1500", "--queries", "40", "--baseline-queries", "5", "--reps", "20")
+    assert fig["passages_requested"] == 1500 and 1200 < fig["passages"] < 1800 and fig["scale"] == "generated"
+    assert f"corpus: {fig['passages']} generated passages;" in text
+    assert "BM25 (k=3), 40 queries" in text
+    _check_common(text, fig)
+    assert fig["rank_bm25_qps"] > 0 and fig["bm25s_qps"] > 0
+    assert fig["pruned_over_rank_bm25"] == pytest.approx(fig["pruned_single_qps"] / fig["rank_bm25_qps"], rel=1e-12)
+    assert fig["pruned_over_bm25s"] == pytest.approx(fig["pruned_single_qps"] / fig["bm25s_qps"], rel=1e-12)
+    (qps, ratio) = _printed(text, r"bm25s \(numpy backend\)\s+(\d+)\s+pruned = ([\d.]+)x")
+    assert (qps, ratio) == (round(fig["bm25s_qps"]), round(fig["pruned_over_bm25s"], 1))
+    (qps, ratio) = _printed(text, r"rank_bm25 \(BM25Okapi\)\s+([\d.]+)\s+pruned = ([\d.]+)x")
+    assert (qps, ratio) == (round(fig["rank_bm25_qps"], 1), round(fig["pruned_over_rank_bm25"], 1))
+
+    # a second run finds everything in the cache, and still times a fresh build
+    text2, fig2 = _run(tmp_path, monkeypatch, capsys, "--passages", "1500", "--queries", "40", "--reps", "5",
+                       "--skip-baseline", "--skip-bm25s")
+    assert fig2["index_disk_bytes"] == fig["index_disk_bytes"] and fig2["index_build_s"] > 0
+    assert "rank_bm25_qps" not in fig2 and "bm25s_qps" not in fig2 and "rank_bm25" not in text2
+
+
+@pytest.mark.slow
+def test_bench_wiki18_scale_streams_a_small_corpus(tmp_path, monkeypatch, capsys):
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--scale", "wiki18", "--passages", "2000", "--queries", "30", "--reps", "10")
+    assert fig["scale"] == "wiki18" and fig["passages"] == 2000
+    assert "corpus: 2000 generated passages (wiki-18 format)" in text
+    _check_common(text, fig)
+    assert "rank_bm25_qps" not in fig and "bm25s_qps" not in fig  # no in-memory baselines at this scale
+    corpus = next((tmp_path / "cache" / "searchqa" / "wiki18").glob("*/corpus.jsonl"))
+    first = json.loads(corpus.open(encoding="utf-8").readline())
+    assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')

@@ -1,30 +1,97 @@
-"""BM25 (the Lucene variant bm25s implements) with a streaming index builder.
+"""BM25 (the Lucene variant bm25s implements): a streaming index builder and two exact query paths.
 
-The index is a term-major sparse matrix in bm25s's layout (``data``/``indices``/
-``indptr`` of a CSC matrix docs x vocabulary, each entry the precomputed
-``idf(t) * tf / (k1 * (1 - b + b * dl / avgdl) + tf)``). Building streams the corpus
-in chunks, so memory holds one chunk plus the vocabulary, and the arrays are written
-straight into ``.npy`` files; queries add the posting lists of their terms and take
-the top k with ties broken by passage position.
+The index (:mod:`.bm25_index`) stores, term-major, each posting's precomputed weight
+``idf(t) * tf / (k1 * (1 - b + b * dl / avgdl) + tf)`` with per-term and per-block
+maxima, as memory-mapped ``.npy`` files. A passage's score is the sum of the weights of
+the query's terms it contains (a term repeated in the query counts that many times),
+added left to right in float64 in the query's *summation order*: terms by decreasing
+largest weight, ties by term id (:meth:`BM25Index.query_terms`). Results are the top
+``k`` passages with a positive score, ties broken by passage position.
+
+Two query paths give bit-identical results (positions and float64 scores):
+
+* ``method="exhaustive"``: every posting of every query term is added into one score
+  per passage (in summation order), and the top ``k`` is selected. Its cost grows with
+  the corpus; it is the reference.
+* ``method="pruned"`` (default): MaxScore, with block maxima. Terms are taken in
+  summation order, most valuable first. The pool holds the best ``k`` (score,
+  position) pairs found so far; once full, its last pair ``(theta, kpos)`` bounds
+  what is worth reading, and a passage can still enter only with a score above
+  ``theta`` or equal to it at a position before ``kpos``:
+
+  - a term whose bound (its largest weight followed by the later terms' largest
+    weights) cannot compete ends the search: no passage not yet seen can enter;
+  - inside a term's list, a block of ``BLOCK`` postings whose maximum, followed by the
+    later terms' maxima, cannot compete is skipped (a block starting after ``kpos``
+    needs a bound above ``theta``), and so is every posting whose own weight cannot;
+  - the first long list is sampled (its best blocks scored) to get a first ``theta``;
+  - many candidates from one list are scored best bound first, in growing batches,
+    each raising ``theta`` before the next is filtered;
+  - a candidate gets the other terms' weights by binary search in their lists, in
+    summation order, and is dropped as soon as its known weights, followed by the
+    maxima of the terms still unknown, cannot compete.
+
+  Bounds are the same left-to-right sum as the score, with some weights replaced by
+  larger ones; rounded addition is monotone, so a bound is never below the score it
+  bounds, exactly, with no rounding margin, and ties with ``theta`` are decided
+  exactly. The path counts its work and, when it has spent about what the
+  unpruned sum costs (``LOOKUP_UNITS``, ``BATCH_UNITS``), finishes with that sum; so
+  do queries with few postings (``UNION_POSTINGS``) or more than ``MAX_PRUNED_TERMS``
+  distinct terms. No path costs more than about ``n log n`` in the query's length and
+  postings (plus the number of passages for the one-score-per-passage sum): a 1 MiB
+  query, or one of 100k distinct terms, takes about a second.
+
+MaxScore rather than block-max WAND: WAND keeps its terms sorted by current passage
+and moves one cursor at a time, a loop per posting that numpy cannot vectorise (a
+pure-Python cursor loop measured about 400 ns per posting, ten times the whole
+exhaustive numpy sum per posting, so it would have to skip over 90% of the postings
+just to break even). MaxScore's work splits into whole-array steps (select blocks,
+filter a list, look up a batch of candidates), each one numpy call.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
+import sys
+import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from twice_envs._cache import build_dir, publish_dir
+from twice_envs.envs.searchqa.bm25_index import BLOCK, INDEX_FORMAT, IndexFiles, IndexWriter
+from twice_envs.errors import DataFormatError
 
-BM25_FORMAT = "searchqa.bm25/1"
+BM25_FORMAT = INDEX_FORMAT
 _WORD_RE = re.compile(r"\w+")
+
+#: Query paths of :meth:`BM25Index.search`.
+METHODS = ("pruned", "exhaustive")
+#: Queries with more distinct terms than this are scored without pruning (still exact).
+MAX_PRUNED_TERMS = 16
+#: Queries with at most this many postings in all are scored without pruning.
+UNION_POSTINGS = 4096
+#: Unpruned queries are summed over the union of their postings when these are at most
+#: ``1/UNION_SHARE`` of the passages, else into one score per passage.
+UNION_SHARE = 8
+#: Blocks of the first long list scored to get a first k-th score: ``1/SEED_SHARE`` of them,
+#: at least ``SEED_BLOCKS`` and at most ``SEED_BLOCKS_MAX``.
+SEED_BLOCKS = 2
+SEED_SHARE = 64
+SEED_BLOCKS_MAX = 32
+#: The pruned path counts its work in postings added by the exhaustive sum, and gives up
+#: for the unpruned sum once it has spent about as much as that would cost: a lookup by
+#: binary search costs ``LOOKUP_UNITS``, each batch of candidates ``BATCH_UNITS`` per term.
+LOOKUP_UNITS = 4
+BATCH_UNITS = 200
+#: First batch of candidates scored (best bound first) when a list yields many; batches then double.
+REFINE = 512
 
 
 @dataclass(frozen=True)
@@ -88,86 +155,57 @@ def _chunks(texts: Iterable[str], size: int) -> Iterator[list[str]]:
         yield buf
 
 
-def build_index(texts: Iterable[str], directory: str | Path, params: BM25Params = BM25Params(), *, chunk_size: int = 50_000, meta: dict | None = None) -> Path:
-    """Stream ``texts`` into a BM25 index at ``directory`` (built aside, then renamed into place)."""
+def build_index(texts: Iterable[str], directory: str | Path, params: BM25Params = BM25Params(), *, chunk_size: int = 50_000,
+                meta: dict | None = None, progress=None) -> Path:
+    """Stream ``texts`` into a BM25 index at ``directory`` (built aside, then renamed into place).
+
+    Memory holds one chunk of ``chunk_size`` passages, one merge range and the
+    vocabulary (see :mod:`.bm25_index`). ``progress(passages_done)`` is called after each chunk.
+    """
     directory = Path(directory)
     tmp = build_dir(directory)
+    writer: Optional[IndexWriter] = None
     try:
         tok = Tokenizer(params.stem, params.stopwords)
-        vocab: dict[str, int] = {}
-        df = np.zeros(1 << 16, dtype=np.int64)
-        doc_len_parts: list[np.ndarray] = []
-        chunk_files: list[Path] = []
-        n_docs = 0
-        for ci, chunk in enumerate(_chunks(texts, chunk_size)):
-            flat: list[int] = []
-            lens = np.empty(len(chunk), dtype=np.int64)
-            for j, text in enumerate(chunk):
-                ids = [vocab.setdefault(t, len(vocab)) for t in tok(text)]
-                lens[j] = len(ids)
-                flat.extend(ids)
-            terms = np.asarray(flat, dtype=np.int64)
-            local = np.repeat(np.arange(len(chunk), dtype=np.int64), lens)
-            keys, tf = np.unique((local << 32) | terms, return_counts=True)  # sorted by doc, then term
-            t = (keys & 0xFFFFFFFF).astype(np.int32)
-            d = ((keys >> 32) + n_docs).astype(np.int32)
-            if len(vocab) > len(df):
-                df = np.concatenate([df, np.zeros(max(len(vocab), 2 * len(df)) - len(df), dtype=np.int64)])
-            df[: len(vocab)] += np.bincount(t, minlength=len(vocab))
-            path = tmp / f"chunk{ci}.npz"
-            np.savez(path, d=d, t=t, tf=tf.astype(np.int32))
-            chunk_files.append(path)
-            doc_len_parts.append(lens)
-            n_docs += len(chunk)
-        if n_docs == 0:
-            raise ValueError("cannot index an empty corpus")
-        V = len(vocab)
-        df = df[:V]
-        doc_len = np.concatenate(doc_len_parts).astype(np.float64)
-        avgdl = float(doc_len.mean()) or 1.0
-        idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))
-        indptr = np.zeros(V + 1, dtype=np.int64)
-        np.cumsum(df, out=indptr[1:])
-        nnz = int(indptr[-1])
-        data = np.lib.format.open_memmap(tmp / "data.npy", mode="w+", dtype=np.float32, shape=(nnz,))
-        indices = np.lib.format.open_memmap(tmp / "indices.npy", mode="w+", dtype=np.int32, shape=(nnz,))
-        cursor = indptr[:-1].copy()
-        k1, b = params.k1, params.b
-        for path in chunk_files:
-            with np.load(path) as z:
-                d, t, tf = z["d"], z["t"], z["tf"].astype(np.float64)
-            score = idf[t] * tf / (k1 * (1.0 - b + b * doc_len[d] / avgdl) + tf)
-            order = np.argsort(t, kind="stable")  # keeps passage order inside each posting list
-            ts = t[order]
-            rank = np.arange(len(ts)) - np.searchsorted(ts, ts, side="left")
-            pos = cursor[ts] + rank
-            data[pos] = score[order]
-            indices[pos] = d[order]
-            cursor += np.bincount(t, minlength=V)
-            path.unlink()
-        data.flush()
-        indices.flush()
-        del data, indices
-        np.save(tmp / "indptr.npy", indptr)
-        vocab_list = [""] * V
-        for w, i in vocab.items():
-            vocab_list[i] = w
-        (tmp / "vocab.json").write_text(json.dumps(vocab_list, ensure_ascii=True))
-        info = {"format": BM25_FORMAT, "params": asdict(params), "num_docs": n_docs, "avgdl": avgdl, "vocab": V, "nnz": nnz, **(meta or {})}
-        (tmp / "meta.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+        writer = IndexWriter(tmp, params.k1, params.b)
+        for chunk in _chunks(texts, chunk_size):
+            writer.add([tok(t) for t in chunk])
+            if progress is not None:
+                progress(writer.num_docs)
+        writer.finish({"params": asdict(params), **(meta or {})})
         publish_dir(tmp, directory, "meta.json")
     except BaseException:
+        if writer is not None:
+            writer.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
 
 
+def _no_hits() -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+
+
+def _kth_largest(vals: np.ndarray, k: int) -> float:
+    """The k-th largest of ``vals`` (``1 <= k <= len(vals)``)."""
+    if len(vals) > 16 * k:
+        # the smallest of the maxima of k disjoint slices is at most the k-th largest value
+        bound = np.maximum.reduceat(vals, np.arange(k) * (len(vals) // k)).min()
+        vals = vals[vals >= bound]
+    top = vals.max()
+    if k == 1 or np.count_nonzero(vals == top) >= k:  # a tie at the top (partition is slow on long ties)
+        return float(top)
+    return float(np.partition(vals, len(vals) - k)[len(vals) - k])
+
+
 def topk(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions and scores of the ``k`` best positive scores; ties go to the lower position."""
+    if k <= 0:
+        return _no_hits()
     nz = np.flatnonzero(scores > 0)
     if len(nz) > k:
         vals = scores[nz]
-        kth = np.partition(vals, len(vals) - k)[len(vals) - k]
+        kth = _kth_largest(vals, k)
         above = nz[vals > kth]
         ties = nz[vals == kth][: k - len(above)]
         nz = np.concatenate([above, ties])
@@ -177,55 +215,387 @@ def topk(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class BM25Index:
-    """A built index, loaded into memory (or memory-mapped when large)."""
+    """A built index, memory-mapped read-only (see :mod:`.bm25_index` for the files and their checks).
 
-    def __init__(self, directory: str | Path, mmap_over_bytes: int = 1 << 30) -> None:
+    Args:
+        directory: the index folder.
+        verify: how much of the files to checksum when opening (``"auto"``, ``"full"``, ``"sample"``).
+
+    Raises:
+        DataFormatError: naming the file, when any file is missing, truncated, corrupt,
+            foreign or of another format version.
+    """
+
+    def __init__(self, directory: str | Path, verify: str = "auto") -> None:
         self.directory = Path(directory)
-        self.meta = json.loads((self.directory / "meta.json").read_text())
-        p = self.meta["params"]
-        self.params = BM25Params(**p)
-        size = (self.directory / "data.npy").stat().st_size
-        mode = "r" if size > mmap_over_bytes else None
-        self.data = np.load(self.directory / "data.npy", mmap_mode=mode)
-        self.indices = np.load(self.directory / "indices.npy", mmap_mode=mode)
-        self.indptr = np.load(self.directory / "indptr.npy")
-        self.vocab = {w: i for i, w in enumerate(json.loads((self.directory / "vocab.json").read_text()))}
+        self.files = IndexFiles(self.directory, verify)
+        self.meta = self.files.meta
+        a = self.files.arrays
+        try:
+            self.params = BM25Params(**self.meta["params"])
+        except (KeyError, TypeError) as exc:
+            raise DataFormatError(self.directory / "meta.json", None,
+                                  f"no valid BM25 parameters ({exc}); the index must be rebuilt") from None
+        self.data, self.indices, self.indptr = a["data.npy"], a["indices.npy"], a["indptr.npy"]
+        self.term_max, self.block_max, self.block_ptr = a["term_max.npy"], a["block_max.npy"], a["block_ptr.npy"]
+        self.doc_len = a["doc_len.npy"]
+        self.vocab = self.files.vocab
         self.num_docs = int(self.meta["num_docs"])
         self.tokenizer = Tokenizer(self.params.stem, self.params.stopwords)
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the score arrays (data, indices, indptr)."""
-        return int(self.data.nbytes + self.indices.nbytes + self.indptr.nbytes)
+        """Bytes of all the index's arrays (postings, pointers, maxima, lengths, vocabulary)."""
+        return int(sum(a.nbytes for a in self.files.arrays.values()))
+
+    def disk_bytes(self) -> int:
+        """Bytes of the index folder on disk."""
+        return sum(p.stat().st_size for p in self.directory.iterdir() if p.is_file())
 
     def term_ids(self, query: str) -> list[int]:
-        v = self.vocab
-        return [v[t] for t in self.tokenizer(query) if t in v]
+        get = self.vocab.get
+        return [i for i in map(get, self.tokenizer(query)) if i is not None]
 
-    def scores(self, term_ids: Sequence[int]) -> np.ndarray:
-        """BM25 score of every passage (float64; terms summed in term-id order, as the batch path does)."""
-        if not term_ids:
-            return np.zeros(self.num_docs)
+    def query_terms(self, term_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A query's distinct terms in summation order, with their query counts and weight bounds.
+
+        The order is by decreasing bound (the term's largest weight times its count), ties
+        by term id; both query paths add a passage's weights in this order.
+        """
         terms, counts = np.unique(np.asarray(term_ids, dtype=np.int64), return_counts=True)
-        ip = self.indptr
-        idx = np.concatenate([self.indices[ip[t] : ip[t + 1]] for t in terms])
-        w = np.concatenate([self.data[ip[t] : ip[t + 1]] for t in terms]).astype(np.float64)
-        if counts.max() > 1:  # a term repeated in the query counts that many times
-            w *= np.repeat(counts, ip[terms + 1] - ip[terms])
-        return np.bincount(idx, weights=w, minlength=self.num_docs)
+        ub = self.term_max[terms].astype(np.float64) * counts
+        order = np.argsort(-ub, kind="stable")
+        return terms[order], counts[order], ub[order]
 
-    def search(self, query: str, k: int) -> tuple[list[int], list[float]]:
-        """Top ``k`` passages for ``query`` (only passages sharing a term with it)."""
-        pos, sc = topk(self.scores(self.term_ids(query)), k)
+    # ------------------------------------------------------------------ exhaustive
+    def scores(self, term_ids: Sequence[int]) -> np.ndarray:
+        """BM25 score of every passage (float64; weights added in :meth:`query_terms` order)."""
+        if not len(term_ids):
+            return np.zeros(self.num_docs)
+        terms, counts, _ = self.query_terms(term_ids)
+        idx, w = self._postings(terms, counts)
+        out = np.bincount(idx, weights=w, minlength=self.num_docs)  # adds in posting order
+        if len(out) != self.num_docs:
+            self._corrupt()
+        return out
+
+    def _postings(self, terms: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """All postings of ``terms``, list after list in the given order, weights times the query counts."""
+        ip = self.indptr
+        lo, hi = ip[terms].tolist(), ip[terms + 1].tolist()
+        idx = np.concatenate([self.indices[a:b] for a, b in zip(lo, hi)])
+        w = np.concatenate([self.data[a:b] for a, b in zip(lo, hi)]).astype(np.float64)
+        if counts.max() > 1:  # a term repeated in the query counts that many times
+            w *= np.repeat(counts, np.subtract(hi, lo))
+        return idx, w
+
+    def _corrupt(self):
+        raise DataFormatError(self.directory / "indices.npy", None,
+                              "a posting names a passage beyond the corpus: corrupt; the index must be rebuilt")
+
+    def _union_topk(self, terms: np.ndarray, counts: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The exhaustive sums over the passages that have a query term only (no corpus-sized array)."""
+        idx, w = self._postings(terms, counts)
+        order = np.argsort(idx, kind="stable")  # merges the sorted lists; keeps each passage's weights in order
+        idx = idx[order]
+        first = np.empty(len(idx), dtype=bool)
+        first[0] = True
+        np.not_equal(idx[1:], idx[:-1], out=first[1:])
+        sc = np.bincount(np.cumsum(first) - 1, weights=w[order])  # adds in that order, as `scores`
+        pos, s = topk(sc, k)
+        return idx[first][pos].astype(np.int64), s
+
+    # ------------------------------------------------------------------ search
+    def search(self, query: str, k: int, method: str = "pruned") -> tuple[list[int], list[float]]:
+        """Top ``k`` passages for ``query`` (only passages sharing a term with it).
+
+        ``method`` ``"pruned"`` (default) and ``"exhaustive"`` give identical results.
+        """
+        pos, sc = self.search_ids(self.term_ids(query), k, method)
         return pos.tolist(), sc.tolist()
 
-    def search_batch(self, queries: Sequence[str], k: int) -> list[tuple[list[int], list[float]]]:
+    def search_ids(self, term_ids: Sequence[int], k: int, method: str = "pruned") -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` for a query given as term ids: (positions int64, scores float64)."""
+        if method == "exhaustive":
+            return topk(self.scores(term_ids), k)
+        if method != "pruned":
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        if k <= 0 or not len(term_ids):
+            return _no_hits()
+        terms, counts, ub = self.query_terms(term_ids)
+        ip = self.indptr
+        total = int((ip[terms + 1] - ip[terms]).sum())
+        if total <= UNION_POSTINGS or len(terms) > MAX_PRUNED_TERMS:
+            pos, sc = self._unpruned(terms, counts, k, total)
+        else:
+            try:
+                pos, sc = _MaxScore(self, terms, counts, ub, k, total).run()
+            except _TooMany:  # pruning would look up about as many passages as there are postings
+                pos, sc = self._unpruned(terms, counts, k, total)
+        if len(pos) and int(pos.max()) >= self.num_docs:
+            self._corrupt()
+        return pos, sc
+
+    def _unpruned(self, terms: np.ndarray, counts: np.ndarray, k: int, total: int) -> tuple[np.ndarray, np.ndarray]:
+        if total * UNION_SHARE <= self.num_docs:
+            return self._union_topk(terms, counts, k)
+        return topk(self.scores(terms.repeat(counts)), k)
+
+    def search_batch(self, queries: Sequence[str], k: int, method: str = "pruned") -> list[tuple[list[int], list[float]]]:
         """Top ``k`` for many queries (the same results as :meth:`search`, one by one).
 
-        Scoring several queries in one pass (a sparse product, or one offset
-        ``bincount``) measured no faster here: the cost is reading posting lists.
+        Each query is answered on its own: pruning works per query, and scoring several
+        exhaustive queries in one pass measured no faster (the cost is reading postings).
         """
-        return [self.search(q, k) for q in queries]
+        return [self.search(q, k, method) for q in queries]
+
+    def _lookup(self, t: int, count: int, docs: np.ndarray) -> np.ndarray:
+        """Weight of term ``t`` (times its query count) in each of the sorted passages ``docs`` (0 where absent).
+
+        Binary search of the passages in the list, or of the list in the passages when
+        the list is the shorter.
+        """
+        a, b = int(self.indptr[t]), int(self.indptr[t + 1])
+        lst = self.indices[a:b]
+        w = np.zeros(len(docs))
+        if len(docs) <= b - a:
+            loc = np.searchsorted(lst, docs)
+            np.minimum(loc, b - a - 1, out=loc)
+            hit = lst[loc] == docs
+            w[hit] = self.data[a + loc[hit]]
+        else:
+            at, found = _find(docs, lst)
+            w[at] = self.data[a + found]
+        if count != 1:
+            w *= count
+        return w
+
+
+def _find(sorted_docs: np.ndarray, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where the sorted, distinct ``items`` occur in ``sorted_docs``: (positions in it, positions in items)."""
+    loc = np.searchsorted(sorted_docs, items)
+    inside = np.flatnonzero(loc < len(sorted_docs))
+    hit = inside[sorted_docs[loc[inside]] == items[inside]]
+    return loc[hit], hit
+
+
+class _TooMany(Exception):
+    pass
+
+
+class _MaxScore:
+    """One pruned query (see the module docstring); :meth:`run` returns (positions, scores).
+
+    Terms are at positions ``0..m-1`` of the summation order. A passage's score is the
+    left-to-right float64 sum ``((0 + v_0) + v_1) + ...`` of its weights ``v_j`` (0 for an
+    absent term). Rounded addition is monotone, so the same sum with some ``v_j``
+    replaced by larger values (the term's or the block's maximum) is a bound that
+    holds exactly, without any rounding margin: that lets ties be decided exactly.
+    """
+
+    def __init__(self, index: BM25Index, terms: np.ndarray, counts: np.ndarray, ub: np.ndarray, k: int, total: int) -> None:
+        self.ix, self.k = index, k
+        self.m = len(terms)
+        ip = index.indptr
+        self.lengths = (ip[terms + 1] - ip[terms]).tolist()
+        # work allowed (in postings added by the exhaustive sum) before giving up for the exhaustive sum:
+        # at worst the query then costs about twice the exhaustive sum
+        self.budget = total + index.num_docs // 16
+        self.terms, self.counts, self.ub = terms.tolist(), counts.tolist(), ub.tolist()
+        self.pool = _Pool(k)
+        self.seen = np.zeros(0, dtype=np.int32)  # passages already scored or dismissed, sorted
+
+    def _spend(self, work: int) -> None:
+        self.budget -= work
+        if self.budget < 0:
+            raise _TooMany
+
+    def _complete(self, acc, start: int, known: Optional[tuple[int, object]] = None):
+        """``acc`` summed on with the bounds of positions ``start..m-1`` (the known value at ``known[0]``)."""
+        ub = self.ub
+        for j in range(start, self.m):
+            acc = acc + (known[1] if known is not None and j == known[0] else ub[j])
+        return acc
+
+    def _floor(self, p: int) -> Optional[np.float32]:
+        """A float32 weight of term ``p`` (before its query count) below which no new passage can compete.
+
+        A cheap first filter (it keeps a little more than it must: the exact test follows).
+        """
+        pool = self.pool
+        if not pool.full:
+            return None
+        # below `need`, the weight plus the later maxima stays under theta by far more than any rounding
+        need = (pool.theta * (1.0 - 1e-9) - self._complete(0.0, p + 1) * (1.0 + 1e-9)) / self.counts[p]
+        if need <= 0.0:
+            return None
+        f = np.float32(need)
+        return np.nextafter(f, np.float32(-np.inf)) if f > need else f
+
+    def run(self) -> tuple[np.ndarray, np.ndarray]:
+        ix, pool = self.ix, self.pool
+        for p in range(self.m):
+            if pool.full and self._complete(self.ub[p], p + 1) < pool.theta:
+                break  # no passage outside those seen can reach the k-th score
+            t, c = self.terms[p], self.counts[p]
+            a, b = int(ix.indptr[t]), int(ix.indptr[t + 1])
+            b0, b1 = int(ix.block_ptr[t]), int(ix.block_ptr[t + 1])
+            seed = min(SEED_BLOCKS_MAX, max(SEED_BLOCKS, (b1 - b0) // SEED_SHARE))
+            if not pool.full and b1 - b0 > 2 * seed:
+                # a first k-th score from the best blocks of this long list
+                bm = ix.block_max[b0:b1]
+                best = np.sort(np.argpartition(bm, len(bm) - seed)[len(bm) - seed :])
+                self._take(p, _block_positions(a, b, best))
+            floor = self._floor(p)
+            if floor is not None and b1 - b0 > 1:
+                sel = np.flatnonzero(ix.block_max[b0:b1] >= floor)
+                bound = ix.block_max[b0 + sel].astype(np.float64)
+                if c != 1:
+                    bound *= c
+                first = ix.indices[a + BLOCK * sel]  # each block's first passage
+                # a block whose passages all come after the k-th one needs a score above theta; others can tie
+                sel = sel[pool.competitive(self._complete(bound, p + 1), first)]
+                self._take(p, _block_positions(a, b, sel) if len(sel) < b1 - b0 else slice(a, b))
+            else:
+                self._take(p, slice(a, b))
+        return pool.result()
+
+    def _take(self, p: int, pos) -> None:
+        """Score the postings ``pos`` of term ``p`` whose passages are new and whose bound can reach the top k.
+
+        For a passage whose first query term is ``p`` the bound is its weight followed by
+        the later terms' maxima. (A passage with an earlier term that was not taken then
+        could not reach the top k; it may pass here, and its exact score rejects it.)
+
+        Many candidates are scored best bound first: they are put in buckets of
+        decreasing bound (cut at quantiles of a sample, so that the buckets hold about
+        ``REFINE``, then twice as many, and so on), each bucket is scored in chunks of
+        ascending position, every chunk filtered against the k-th score its predecessors
+        raised, and a bucket whose bounds cannot compete ends the list.
+        """
+        ix, pool = self.ix, self.pool
+        raw = ix.data[pos]
+        floor = self._floor(p)
+        if floor is not None:
+            hit = np.flatnonzero(raw >= floor)
+            raw = raw[hit]
+            pos = pos.start + hit if isinstance(pos, slice) else pos[hit]
+        docs = ix.indices[pos]
+        self._spend(BATCH_UNITS + len(raw) // 8 + 2 * len(docs) if floor is not None else BATCH_UNITS + 2 * len(docs))
+        w = raw.astype(np.float64)
+        c = self.counts[p]
+        if c != 1:
+            w *= c
+        seen = self.seen
+        if len(seen) and len(docs):
+            if len(seen) < len(docs):
+                new = np.ones(len(docs), dtype=bool)
+                new[_find(docs, seen)[0]] = False
+            else:
+                loc = np.searchsorted(seen, docs)
+                np.minimum(loc, len(seen) - 1, out=loc)
+                new = seen[loc] != docs
+            docs, w = docs[new], w[new]
+        if not len(docs):
+            return
+        # every passage here is settled by this call: scored, or unable to compete (now and later)
+        self.seen = np.sort(np.concatenate([seen, docs]), kind="stable") if len(seen) else docs
+        bound = self._complete(w, p + 1)
+        n = len(docs)
+        if n <= 2 * REFINE:
+            self._chunk(docs, w, bound, p)
+            return
+        sample = np.sort(bound[:: max(1, n // 2048)])[::-1]  # descending
+        want = np.minimum(REFINE * (2 ** np.arange(1, 64, dtype=np.float64) - 1), n)  # 1, 3, 7, ... x REFINE best
+        want = want[: int(np.searchsorted(want, n)) + 1]
+        cuts = np.unique(sample[np.minimum((want / n * len(sample)).astype(np.int64), len(sample) - 1)])  # ascending
+        bucket = (len(cuts) - np.searchsorted(cuts, bound, side="right")).astype(np.uint8)  # 0: bounds >= cuts[-1]
+        order = np.argsort(bucket, kind="stable")  # by bucket, each in ascending position
+        ends = np.cumsum(np.bincount(bucket, minlength=len(cuts) + 1))
+        start, size = 0, REFINE
+        for j, end in enumerate(ends.tolist()):
+            if j > 0 and pool.full and cuts[len(cuts) - j] <= pool.theta:
+                return  # every bound from here on is below cuts[-j] <= theta
+            while start < end:
+                sel = order[start : min(start + size, end)]
+                self._chunk(docs[sel], w[sel], bound[sel], p)
+                start += size
+                size *= 2
+            start = end
+
+    def _chunk(self, docs: np.ndarray, w: np.ndarray, bound: np.ndarray, p: int) -> None:
+        """Score the candidates (sorted) that can still compete."""
+        pool = self.pool
+        if pool.full:
+            keep = pool.competitive(bound, docs)
+            if not keep.all():
+                docs, w = docs[keep], w[keep]
+        if not len(docs):
+            return
+        c = len(docs)
+        self._spend(sum(BATCH_UNITS + LOOKUP_UNITS * min(c, n) for j, n in enumerate(self.lengths) if j != p))
+        self._score(docs, w, p)
+
+    def _score(self, docs: np.ndarray, w: np.ndarray, p: int) -> None:
+        """Exact scores of the new candidates ``docs`` (sorted), whose weights for term ``p`` are ``w``."""
+        ix, pool = self.ix, self.pool
+        acc = np.zeros(len(docs))
+        for j in range(self.m):
+            v = w if j == p else ix._lookup(self.terms[j], self.counts[j], docs)
+            acc += v  # the exact prefix sum over positions 0..j
+            if pool.full and j < self.m - 1:
+                keep = pool.competitive(self._complete(acc, j + 1, (p, w) if p > j else None), docs)
+                if not keep.all():
+                    docs, acc, w = docs[keep], acc[keep], w[keep]
+                    if not len(docs):
+                        return
+        pool.add(docs, acc)
+
+
+def _block_positions(a: int, b: int, blocks: np.ndarray) -> np.ndarray:
+    """Posting positions of the given blocks (sorted) of the list ``[a, b)``."""
+    pos = (a + blocks[:, None] * BLOCK + np.arange(BLOCK)).reshape(-1)
+    return pos[pos < b] if len(pos) and pos[-1] >= b else pos
+
+
+class _Pool:
+    """The best k (score, passage) pairs found so far, best first (score descending, then position).
+
+    Once it holds k, ``theta`` and ``kpos`` are the k-th pair's score and position: a
+    passage enters only with a higher score, or the same score and a lower position.
+    """
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.docs = np.zeros(0, dtype=np.int32)
+        self.scores = np.zeros(0)
+        self.full = False
+        self.theta = 0.0
+        self.kpos = 0
+
+    def competitive(self, bound: np.ndarray, docs: np.ndarray) -> np.ndarray:
+        """Which passages (by an upper bound of their score, or of a block's starting there) can still enter."""
+        return (bound > self.theta) | ((bound == self.theta) & (docs < self.kpos))
+
+    def add(self, docs: np.ndarray, scores: np.ndarray) -> None:
+        keep = self.competitive(scores, docs) if self.full else scores > 0.0
+        if not keep.all():
+            docs, scores = docs[keep], scores[keep]
+        if not len(docs):
+            return
+        docs, scores = np.concatenate([self.docs, docs]), np.concatenate([self.scores, scores])
+        k = self.k
+        if len(scores) > k:
+            kth = _kth_largest(scores, k)
+            sel = scores >= kth
+            docs, scores = docs[sel], scores[sel]
+        order = np.lexsort((docs, -scores))[:k]
+        self.docs, self.scores = docs[order], scores[order]
+        if len(order) == k:
+            self.full, self.theta, self.kpos = True, float(self.scores[-1]), int(self.docs[-1])
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.docs.astype(np.int64), self.scores
 
 
 def index_dir(corpus_version: str, params: BM25Params) -> Path:
@@ -234,9 +604,44 @@ def index_dir(corpus_version: str, params: BM25Params) -> Path:
     return cache_dir("searchqa", "bm25") / f"{corpus_version[:24]}-{params.digest()[:12]}"
 
 
+def _discard(directory: Path) -> None:
+    """Move a bad index folder aside (a build folder name, so a later sweep finds leftovers) and delete it."""
+    trash = build_dir(directory)
+    try:
+        directory.replace(trash)  # onto the fresh, empty folder
+    except FileNotFoundError:  # another process discarded it first
+        pass
+    shutil.rmtree(trash, ignore_errors=True)
+
+
 def open_index(corpus_version: str, texts: Iterable[str] | None, params: BM25Params = BM25Params(), texts_fn=None) -> BM25Index:
-    """The cached index for a corpus version, built from ``texts_fn()`` on first use."""
+    """The cached index for a corpus version, built from ``texts`` (or ``texts_fn()``) on first use.
+
+    A cached index that fails its checks (a missing, truncated, corrupt or foreign file,
+    another format version, another corpus or other parameters) is discarded with a
+    warning naming the file, and rebuilt.
+    """
     d = index_dir(corpus_version, params)
-    if not (d / "meta.json").exists():
-        build_index(texts if texts is not None else texts_fn(), d, params, meta={"corpus_version": corpus_version})
+    if d.exists():
+        try:
+            index = BM25Index(d)
+            if index.meta.get("corpus_version") != corpus_version or index.meta.get("params") != asdict(params):
+                raise DataFormatError(d / "meta.json", None, "built for another corpus or other parameters; the index must be rebuilt")
+            return index
+        except DataFormatError as exc:
+            warnings.warn(f"BM25 index unusable, rebuilding it: {exc}", RuntimeWarning, stacklevel=2)
+            _discard(d)
+    build_index(texts if texts is not None else texts_fn(), d, params, meta={"corpus_version": corpus_version}, progress=_Progress())
     return BM25Index(d)
+
+
+class _Progress:
+    """Prints a line to stderr every ``every`` passages indexed (a large corpus takes minutes to hours)."""
+
+    def __init__(self, every: int = 1_000_000) -> None:
+        self.every, self.next, self.t0 = every, every, time.perf_counter()
+
+    def __call__(self, done: int) -> None:
+        if done >= self.next:
+            print(f"BM25 index: {done:,} passages indexed, {time.perf_counter() - self.t0:.0f} s", file=sys.stderr, flush=True)
+            self.next = (done // self.every + 1) * self.every
