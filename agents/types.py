@@ -31,6 +31,9 @@ class TurnRecord:
         digest: the env digest after the turn.
         entropy: mean per-token entropy of the sampling distribution over the turn.
         invalid: the env flagged the action as invalid.
+        token_texts: the text of each generated token, decoded alone (empty where not recorded).
+        token_keys: the noise key each generated token read, as ``[turn, branch, line, pos]``
+            (the key row after the episode seed, in the sampler's key mode; empty where not recorded).
     """
 
     token_ids: list[int]
@@ -43,6 +46,8 @@ class TurnRecord:
     digest: str = ""
     entropy: float = 0.0
     invalid: bool = False
+    token_texts: list[str] = field(default_factory=list)
+    token_keys: list[list[int]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -90,6 +95,13 @@ class EpisodeRecord:
             :mod:`~twice_envs.agents.credit.allocation`), the number of leading turns copied
             from it: they were not generated for this episode, and its own decisions start
             at turn ``prefix``; 0 otherwise.
+        evidence_coin: for a twin, its evidence coin ``S`` (False: not continued after its
+            alternative turn); None where no coin was drawn (a self-twin, no twin).
+        credit: for a factual episode, per-turn credit by name, as the step that used it gave it:
+            the method's advantage and, beside it, GRPO's (audits: every audited row and ``A*``);
+            empty where not recorded.
+        coins: for a factual episode under twin credit, per turn ``{"q", "B", "A_hat"}``: the branch
+            probability, the branch coin and the turn's twin credit in utility units; empty otherwise.
     """
 
     env_id: str
@@ -113,6 +125,9 @@ class EpisodeRecord:
     window: Optional[int] = None
     history: list[TurnRecord] = field(default_factory=list)
     prefix: int = 0
+    evidence_coin: Optional[bool] = None
+    credit: dict = field(default_factory=dict)
+    coins: list[dict] = field(default_factory=list)
 
     @property
     def num_generated_tokens(self) -> int:

@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("twice_envs.agents.lab.audit:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
     "plot": ("twice_envs.agents.lab.plots:plot_main", "plot learning curves of several runs"),
     "demo": ("twice_envs.agents.bench.demo:demo_main", "the main job: train GRPO and Twice on the embedded default"),
+    "view": ("twice_envs.agents.view.cli:view_main", "write an HTML explorer of episodes, twins, curves and audits"),
 }
 
 BENCHES: dict[str, str] = {

@@ -11,6 +11,8 @@
    Twice policy's credit on the dev questions whose group has mixed outcomes, and
    writes the learning curves and the audit plot.
 4. **A summary** that says which differences are statistically significant.
+5. **The explorer** (``twice view``): one HTML file with every run's episodes and twins, the
+   learning curves and both audits' scatters.
 
 ``--quick`` shrinks every stage for a smoke test.
 """
@@ -29,6 +31,7 @@ from twice_envs.agents.bench.games import paired_change
 from twice_envs.agents.lab import runner as lab
 from twice_envs.agents.lab.audit import (
     AuditConfig,
+    NothingToAudit,
     format_table,
     run_audit,
     write_outputs,
@@ -37,6 +40,7 @@ from twice_envs.agents.lab.plots import plot_runs
 from twice_envs.agents.models.load import load_policy
 from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.trainer import evaluate, train
+from twice_envs.agents.view.cli import write_explorer
 from twice_envs.trajectory import atomic_write_text
 
 
@@ -189,20 +193,29 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
     acfg = AuditConfig(env=env, env_kwargs=base.env_kwargs, questions=cfg.audit_questions,
                        oracle_rollouts=cfg.oracle_rollouts, max_new_tokens=base.max_new_tokens,
                        max_turns=base.max_turns, indexed_tasks=base.indexed_tasks, seed=cfg.seed, mixed_only=True)
-    res = run_audit(trained["twice"], acfg)
-    paths = write_outputs(res, out / "audit")
-    print(format_table(res), end="")
-    print()
+    try:
+        res = run_audit(trained["twice"], acfg)
+    except NothingToAudit as exc:  # a policy whose groups all end alike leaves no decision to audit
+        res, paths = None, {}
+        say(str(exc))
+    else:
+        paths = write_outputs(res, out / "audit")
+        print(format_table(res), end="")
+        print()
     for line in em_lines(before, {m: results[m] for m in ("grpo", "twice")}):
         print(line)
-    print(f"\nlearning curves: {curves}\ncredit audit:    {paths['audit.png']} (table: {paths['audit.csv']})\n"
+    audit_line = f"{paths['audit.png']} (table: {paths['audit.csv']})" if paths else "none (nothing to audit)"
+    print(f"\nlearning curves: {curves}\ncredit audit:    {audit_line}\n"
           f"runs:            {out / 'grpo'}, {out / 'twice'} (metrics.jsonl, checkpoint/)")
     print("\nsummary (credit lab, 95% bootstrap CIs):")
     for line in summary_lines(lab_res):
         print("  " + line)
     print(f"lab scatter:     {lab_res['paths']['lab_scatter']}\nlab curves:      {lab_res['paths']['learn_png']}")
+    explorer = write_explorer(out, title="twice demo")
+    print(f"explorer:        {explorer} (open it in a browser)")
     say("done")
-    results["paths"] = {"curves": str(curves), **{k: str(v) for k, v in paths.items()}, **lab_res["paths"]}
+    results["paths"] = {"curves": str(curves), **{k: str(v) for k, v in paths.items()}, **lab_res["paths"],
+                        "explorer": str(explorer)}
     results["lab"] = {"rows": lab_res["audit"].rows, "comparisons": lab_res["audit"].comparisons,
                       "learn": lab_res["learn"]}
     return results

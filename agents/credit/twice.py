@@ -459,6 +459,8 @@ def twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditRe
     new_state, fit = fit_predictor(state, factual, plan, X, eta, credit, config, ctx.rng)
     stats.update(fit)
     stats["warmup"] = ctx.update < config.warmup_updates  # q fixed at warmup_q: not planned to the budget
+    # each decision's coins and twin credit, for the records (not a metric)
+    stats["decisions"] = {"index": plan.index, "q": plan.q, "branched": plan.branched, "a_hat": credit.a_hat}
     terms = combine(factual, plan.index, credit.a_hat, replace(config, trajectory_term=False), scale)
     return CreditResult(terms, tw.aux_tokens, stats, new_state)
 

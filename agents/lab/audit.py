@@ -106,8 +106,14 @@ from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.trainer import split_size
+from twice_envs.agents.records import AUDIT_EPISODES, decision_lines, write_lines
+from twice_envs.errors import TwiceError
 from twice_envs.keys import audit_seed
 from twice_envs.trajectory import atomic_write_text
+
+
+class NothingToAudit(TwiceError):
+    """The audited episodes hold no decision to audit (with ``mixed_only``: no group with differing returns)."""
 
 
 @dataclass
@@ -196,6 +202,9 @@ class AuditResult:
     rollouts; empty where the oracle is not estimated from rollouts)."""
     skipped: dict = field(default_factory=dict)
     """Registered methods without a row, and why (:func:`other_update_rows`)."""
+    records: tuple = ()
+    """``(factual episodes, twins)``: every sampled factual episode and the coupled twin of pair 0 of
+    each audited decision (its ``twin_of`` names the episode's index and the turn), for the explorer."""
 
     def row(self, method: str) -> dict:
         return next(r for r in self.rows if r["method"] == method)
@@ -288,6 +297,11 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     if config.mixed_only:
         audited = mixed_groups(utilities, config.group_size)
     decisions = [(i, t) for i in audited for t in range(len(eps[i].turns))]
+    if not decisions:
+        raise NothingToAudit(
+            f"nothing to audit: none of the {config.questions} questions' groups of {config.group_size} episodes "
+            f"ended with differing returns (mixed_only), so no decision has credit to compare; audit more "
+            f"questions, or a policy whose outcomes differ")
     log(f"audit: {len(audited)} episodes, {len(decisions)} decisions")
 
     recs = branch_rollouts(policy, eps, _value_requests(audited, eps, config.oracle_rollouts, "oracle", config.seed),
@@ -316,9 +330,12 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     diag = TwiceConfig(q_same=1.0, pairs=max_j)
     indep = crr.crr_config(TwiceConfig(pairs=max_j))
     # coupled twins, then independent counterfactuals: J pairs per decision each, every decision
+    pair0 = []
     for name, cfg, stream in (("twice", diag, "twice-pairs"), ("crr", indep, "crr")):
-        d, tok, pr = _pair_credit(eps, decisions, run_twins(policy, eps, decisions, cfg, sampling, rng,
-                                                            noise_seed=audit_seed(config.seed, stream)))
+        tw = run_twins(policy, eps, decisions, cfg, sampling, rng, noise_seed=audit_seed(config.seed, stream))
+        d, tok, pr = _pair_credit(eps, decisions, tw)
+        if name == "twice":
+            pair0 = [r for r in tw.records if r.pair == 0]
         pair_sets[name] = pr[0]
         for J in config.pairs:
             credit[f"{name} J{J}"], aux[f"{name} J{J}"], pairs_of[f"{name} J{J}"] = np.mean(d[:J], 0), sum(tok[:J]), J
@@ -366,6 +383,7 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
                            credit, aux, pairs_of, pair_sets, v_before, v_after, ptoks, len(audited), utilities,
                            budget, oracle_se, penalty, diagnostic)
     result.skipped = skipped
+    result.records = (list(eps), pair0)
     return result
 
 
@@ -516,7 +534,9 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
     """``audit.json`` (everything; ``oracle_se`` holds :meth:`AuditResult.oracle_resolution`),
     ``audit.csv`` (one row per method, each figure with ``_lo`` / ``_hi`` columns),
     ``audit_decisions.csv`` (each decision's ``A*``, credits and, last, the ``A*`` standard
-    error) and ``audit.png``; returns their paths."""
+    error), ``audit.png`` and, where the result holds its records, ``audit_episodes.jsonl`` (the
+    episodes with each audited turn's credits and ``A*``, and their twins: ``twice view`` opens a
+    decision from the scatter); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {"config": asdict(result.config), "rows": result.rows, "pairs": result.pair_rows,
            "per_turn": result.per_turn, "comparisons": result.comparisons, "policy_tokens": result.policy_tokens,
@@ -550,6 +570,11 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
                            + [f"{result.credit[n][k]:.6g}" for n in names]
                            + ([f"{result.oracle_se[k]:.6g}"] if se else [])) + "\n")
     atomic_write_text(paths["audit_decisions.csv"], buf.getvalue())
+    if result.records:
+        eps, tws = result.records
+        decisions = list(zip(result.episodes.tolist(), result.turns.tolist()))
+        paths["audit_episodes.jsonl"] = write_lines(out_dir / AUDIT_EPISODES,
+                                                    decision_lines(eps, tws, decisions, result.credit, result.oracle))
     shown = [n for n in SHOWN_ROWS if n in result.credit]
     paths["audit.png"] = plot_credit_scatter(result.oracle, {n: result.credit[n] for n in shown}, result.pairs_of,
                                              {r["method"]: r for r in result.rows}, out_dir / "audit.png")

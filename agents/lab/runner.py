@@ -63,6 +63,7 @@ from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
 from twice_envs.agents.lab.text_lab import TextLabSetting, text_lab_policy
 from twice_envs.agents.rollout.twins import Twins, credit_step
 from twice_envs.agents.types import EpisodeRecord
+from twice_envs.agents.records import LAB_EPISODES, decision_lines, write_lines
 from twice_envs.keys import lab_pair_seed
 from twice_envs.noise import KEY_MODES
 from twice_envs.trajectory import atomic_write_text
@@ -234,6 +235,9 @@ class LabAuditResult:
     budget: dict
     value: float
     gigpo_penalty: dict
+    records: tuple = ()
+    """``(factual episodes, twins, decisions)``: the audited episodes and the coupled twin of every
+    decision (``twice J1``'s pair 0), in decision order, for the explorer."""
 
 
 def row_stats(name, c, oracle, grpo, pairs, aux, idx, threshold, rho=None) -> dict:
@@ -343,7 +347,7 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     comparisons += budget_comparisons(oracle, credit, budget_rows, idx, config.threshold)
     budget = {n: budget_figures(st) for n, st in budget_rows.items()}
     return LabAuditResult(config, oracle, groups, turns, credit, aux, pairs_of, rows, per_turn, comparisons, ptoks,
-                          budget, float(np.mean(u)), penalty)
+                          budget, float(np.mean(u)), penalty, (eps, tw, index))
 
 
 #: Added to the audit's seed for the noise of the extra factual episodes of a method with ``rollouts > 1``.
@@ -610,7 +614,9 @@ def format_lab(res: LabAuditResult) -> str:
 
 
 def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
-    """``lab_audit.json``, ``lab_decisions.csv`` and ``lab_scatter.png``; returns their paths."""
+    """``lab_audit.json``, ``lab_decisions.csv``, ``lab_scatter.png`` and, where the result holds its
+    records, ``lab_episodes.jsonl`` (the episodes with each decision's credits and exact ``A*``, and their
+    twins: ``twice view`` opens a decision from the scatter); returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg = asdict(res.config)
     doc = {"config": cfg, "rows": res.rows, "per_turn": res.per_turn, "comparisons": res.comparisons,
@@ -628,7 +634,11 @@ def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
     png = plot_credit_scatter(res.oracle, {n: res.credit[n] for n in SHOWN_ROWS if n in res.credit},
                               {n: res.pairs_of[n] for n in res.credit}, {r["method"]: r for r in res.rows},
                               out_dir / "lab_scatter.png")
-    return {"json": out_dir / "lab_audit.json", "csv": out_dir / "lab_decisions.csv", "png": png}
+    paths = {"json": out_dir / "lab_audit.json", "csv": out_dir / "lab_decisions.csv", "png": png}
+    if res.records:
+        eps, tws, index = res.records
+        paths["episodes"] = write_lines(out_dir / LAB_EPISODES, decision_lines(eps, tws, index, res.credit, res.oracle))
+    return paths
 
 
 def setting_from_args(a) -> SearchToySetting:

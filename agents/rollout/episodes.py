@@ -43,7 +43,7 @@ from twice_envs.keys import (
     NoiseSchedule,
     episode_noise_seed,
 )
-from twice_envs.noise import sampling_logprobs
+from twice_envs.noise import KeyState, sampling_logprobs
 from twice_envs.wrappers.twin import twin
 
 #: Final-info entries never copied into ``EpisodeRecord.info`` (bulky or per-step).
@@ -135,8 +135,26 @@ def _finish(live: _Live, info: dict, terminated: bool, truncated: bool) -> None:
 TIMING = {"env_seconds": 0.0, "generate_seconds": 0.0}
 
 
-def _apply(policy, live: _Live, gen: Generation, key: NoiseKey) -> bool:
+def token_keys(policy, token_ids, key: NoiseKey, key_mode: str = "line", token_counter: int = 0,
+               context=()) -> tuple[list[str], list[list[int]]]:
+    """Each token's text (decoded alone, as the sampler's newline table decodes it) and the noise key it
+    read, ``[turn, branch, line, pos]``, replayed through :class:`~twice_envs.noise.KeyState`; two empty
+    lists for a policy without a tokenizer."""
+    tok = getattr(policy, "tokenizer", None)
+    if tok is None:
+        return [], []
+    texts = [tok.decode([int(t)], skip_special_tokens=False, clean_up_tokenization_spaces=False) for t in token_ids]
+    state = KeyState(key, key_mode, int(token_counter), list(context))
+    keys = []
+    for t, text in zip(token_ids, texts):
+        keys.append([int(v) for v in state.row()[2:]])
+        state.advance(int(t), "\n" in text)
+    return texts, keys
+
+
+def _apply(policy, live: _Live, gen: Generation, key: NoiseKey, key_mode: str = "line") -> bool:
     """Step the env with a generated turn and record it; returns whether the episode is over."""
+    texts, keys = token_keys(policy, gen.token_ids, key, key_mode, live.token_counter, live.context)
     t0 = time.perf_counter()
     obs, reward, terminated, truncated, info = live.env.step(gen.text)
     TIMING["env_seconds"] += time.perf_counter() - t0
@@ -156,6 +174,8 @@ def _apply(policy, live: _Live, gen: Generation, key: NoiseKey) -> bool:
             digest=info.get("digest", ""),
             entropy=float(gen.entropy),
             invalid=bool(info.get("invalid", False)),
+            token_texts=texts,
+            token_keys=keys,
         )
     )
     _advance(live, gen.token_ids, obs_ids)
@@ -189,7 +209,7 @@ def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int) -
             gens = policy.generate(reqs, sampling)
             TIMING["generate_seconds"] += time.perf_counter() - t0
             for x, g, k in zip(chunk, gens, keys):
-                if not _apply(policy, x, g, k):
+                if not _apply(policy, x, g, k, getattr(sampling, "key_mode", "line")):
                     still.append(x)
         active = still
 
@@ -329,11 +349,13 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
                             history=history)
         cap = int(ep.info.get("turn_cap", len(ep.turns) if ep.truncated else 10**9))
         fact = ep.turns[r.turn]
+        texts, keys = token_keys(policy, alt.token_ids, key, getattr(sampling, "key_mode", "line"), counter, ctx)
         # the same tokens are the same sample; equal text from other tokens is not
         if detect_self_twins and r.coupled and list(alt.token_ids) == list(fact.token_ids):
             rec.self_twin = True
             rec.turns = [TurnRecord(list(alt.token_ids), list(alt.logprobs), alt.text, key, fact.obs,
-                                    list(fact.obs_token_ids), fact.reward, fact.digest, alt.entropy, fact.invalid)]
+                                    list(fact.obs_token_ids), fact.reward, fact.digest, alt.entropy, fact.invalid,
+                                    texts, keys)]
             rec.utility = ep.utility
             rec.trajectory = ep.trajectory
             rec.terminated, rec.truncated = ep.terminated, ep.truncated
@@ -352,7 +374,7 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
         obs_ids = [] if over else observation_ids(policy.tokenizer, obs)
         rec.turns.append(TurnRecord(list(alt.token_ids), [float(v) for v in alt.logprobs], alt.text, key, obs, obs_ids,
                                     float(reward), info.get("digest", ""), float(alt.entropy),
-                                    bool(info.get("invalid", False))))
+                                    bool(info.get("invalid", False)), texts, keys))
         _advance(x, alt.token_ids, obs_ids)
         if over:
             _finish(x, info, terminated, truncated)

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents.credit import predictor, twice, vineppo
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, methods
 from twice_envs.agents.rollout.episodes import (
     BranchRequest,
     branch_rollouts,
@@ -110,6 +110,7 @@ def run_twins(
         out.aux_tokens += rec.turns[0].num_tokens
     # a self-twin is the factual episode: nothing to keep or drop, so no coin is drawn for it
     coined = [m for m, st in enumerate(starts) if not st.record.self_twin]
+    coined_set = set(coined)
     kept = [True] * len(starts)
     for m, k in zip(coined, twice.evidence_coins([twice.evidence_exponent(starts[m].record) for m in coined],
                                                  config, rng)):
@@ -132,8 +133,9 @@ def run_twins(
         st.record.pair = key[2]
         pair_u[key] = st.record.utility
         out.replicas.append(st.record)
-    for st, k in zip(starts, kept):
+    for m, (st, k) in enumerate(zip(starts, kept)):
         rec = st.record
+        rec.evidence_coin = bool(k) if m in coined_set else None
         if rec.pair > 0 and config.coupled:
             key = (rec.twin_of[0], rec.twin_of[1], rec.pair)
             if rec.self_twin:
@@ -186,6 +188,7 @@ def credit_step(
     critic=None,
     answer_probs_fn=None,
     branches_fn=None,
+    records: Optional[list] = None,
 ) -> CreditResult:
     """The per-turn advantages of ``factual`` under the registered credit method ``method``.
 
@@ -194,9 +197,16 @@ def credit_step(
     policy); ``twins_fn`` / ``values_fn`` / ``branches_fn`` replace them
     (same signatures) for policies that are not LLMs (the credit lab's). ``critic`` and
     ``answer_probs_fn`` are the caller's critic and gold-answer probabilities, for the methods that
-    need them (:class:`~twice_envs.agents.credit.registry.CreditContext`)."""
+    need them (:class:`~twice_envs.agents.credit.registry.CreditContext`).
+
+    ``records``: a list that receives the step's twin records (each with its evidence coin); with it,
+    the factual records are annotated too (:func:`annotate_credit`), so that saved episodes carry
+    their credit and coins."""
+    twins_runner = twins_fn or run_twins
+    if records is not None:
+        twins_runner = _keeping(twins_runner, records)
     ctx = CreditContext(policy=policy, sampling=sampling, rng=rng, update=update, noise_seed=noise_seed, twice=config,
-                        vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_fn or run_twins,
+                        vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_runner,
                         run_values=values_fn or run_value_rollouts, critic=critic, answer_probs=answer_probs_fn,
                         run_branches=branches_fn or run_branches)
     res = get_method(method)(factual, ctx)
@@ -204,4 +214,46 @@ def credit_step(
     if [len(a) for a in res.advantages] != [len(ep.turns) for ep in batch]:
         raise ValueError(f"credit method {method!r} returned advantages that do not match its batch: one array "
                          "per episode (of CreditResult.episodes when it grew the batch), one entry per turn")
+    if records is not None:
+        annotate_credit(method, batch, res)
     return res
+
+
+def _keeping(runner, records: list):
+    """``runner`` (a twins runner) that also appends its twin records to ``records``, each with its
+    evidence coin ``S`` (None for a self-twin, which draws none)."""
+
+    def run(*args, **kwargs) -> Twins:
+        out = runner(*args, **kwargs)
+        for rec, kept in zip(out.records, out.kept):
+            if rec.evidence_coin is None and not rec.self_twin:
+                rec.evidence_coin = bool(kept)
+        records.extend(out.records)
+        return out
+
+    return run
+
+
+#: The baseline every saved credit is shown beside.
+BASELINE = "grpo"
+
+
+def annotate_credit(method: str, batch: Sequence[EpisodeRecord], res: CreditResult) -> None:
+    """Record on each factual episode of ``batch`` its per-turn credit under ``method`` and GRPO's
+    beside it (:attr:`~twice_envs.agents.types.EpisodeRecord.credit`) and, where the step reports its
+    branch plan (``stats["decisions"]``), each turn's coins ``q``, ``B`` and twin credit ``A_hat``."""
+    base = None
+    if method != BASELINE and BASELINE in methods():
+        base = get_method(BASELINE)(batch, CreditContext()).advantages
+    for i, ep in enumerate(batch):
+        ep.credit = {method: [float(a) for a in res.advantages[i]]}
+        if base is not None:
+            ep.credit[BASELINE] = [float(a) for a in base[i]]
+    plan = res.stats.get("decisions")
+    if not plan:
+        return
+    for ep in batch:
+        ep.coins = [{} for _ in ep.turns]
+    for (i, t), q, b, a in zip(plan["index"], plan["q"], plan["branched"], plan["a_hat"]):
+        if 0 <= i < len(batch) and 0 <= t < len(batch[i].turns):
+            batch[i].coins[t] = {"q": float(q), "B": bool(b), "A_hat": float(a)}

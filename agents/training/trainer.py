@@ -6,7 +6,8 @@ The loop only wires the parts together, once per update:
           value rollouts) -> PPO-clip + KL loss on generated tokens -> AdamW step
 
 A run directory holds ``config.json`` (:mod:`.config`), ``metrics.jsonl`` (one line per
-update), and ``checkpoint/state.pt`` (:mod:`.checkpoint`), from which ``resume``
+update), ``episodes.jsonl`` (each update's factual episodes with their credit, and their twins:
+:mod:`twice_envs.agents.records`) and ``checkpoint/state.pt`` (:mod:`.checkpoint`), from which ``resume``
 continues exactly. Training into a folder that already holds a run needs ``resume`` or
 ``overwrite``.
 """
@@ -46,6 +47,7 @@ from twice_envs.agents.training.evaluate import evaluate, make_tasks, split_size
 from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.loss import LossConfig, pack, ppo_loss, token_logprobs
 from twice_envs.agents.types import measure_means
+from twice_envs.agents.records import RUN_EPISODES, append_lines, batch_lines, keep_batches
 from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.trajectory import atomic_write_text
 
@@ -125,11 +127,13 @@ def mixed_group_share(episodes) -> float:
     return sum(len(r) > 1 for r in returns.values()) / max(len(returns), 1)
 
 
-def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True) -> dict:
+def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True,
+                 records: list | None = None) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics.
 
     Each task gets ``group_size x rollouts`` episodes, ``rollouts`` being the method's registered multiple
-    (``grpo-2x``: 2), and the credit step and the loss see all of them."""
+    (``grpo-2x``: 2), and the credit step and the loss see all of them. ``records``: a list that receives
+    the update's record lines (its factual episodes with their credit, then their twins)."""
     t0 = time.perf_counter()
     u = state.update
     tcfg = effective_twice(config)
@@ -141,6 +145,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     else:
         idx = state.rng.choice(pool, size=min(config.questions_per_update, pool), replace=False)
     noise_seed = int(state.rng.integers(0, 2**62))
+    twins = [] if records is not None else None
     group_size = config.group_size * get_method(config.method).rollouts
     episodes = rollout(state.policy, config.env, make_tasks(idx, config.train_split, indexed),
                        group_size=group_size, sampling=sampling, env_kwargs=config.env_kwargs,
@@ -149,13 +154,15 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
                            update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k,
                            answer_probs_fn=answer_probs,
-                           critic=state.critic)
+                           critic=state.critic, records=twins)
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state
     t2 = time.perf_counter()
     # a step that grew further factual episodes (need "branches") returns the batch to train on; the
     # metrics below describe the batch as sampled, the grown episodes' tokens being the step's auxiliary ones
     trained = credit.episodes if credit.episodes is not None else episodes
+    if records is not None:
+        records.extend(batch_lines(trained, twins, batch=u + 1, slim=True))
     loss_stats = policy_update(state, trained, credit.advantages, config)
     t3 = time.perf_counter()
     state.update += 1
@@ -215,12 +222,14 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
         kept = [row for row in read_metrics(metrics_path) if row.get("update", 0) <= state.update] \
             if metrics_path.exists() else []
         atomic_write_text(metrics_path, "".join(json.dumps(row) + "\n" for row in kept))
+        keep_batches(out / RUN_EPISODES, state.update)
     else:
         if resume:
             print(f"twice train: no checkpoint in {ckpt}; starting from update 0", file=sys.stderr, flush=True)
         # a previous run's checkpoint must not be resumed into this run's metrics later
         (ckpt / "state.pt").unlink(missing_ok=True)
         atomic_write_text(metrics_path, "")
+        atomic_write_text(out / RUN_EPISODES, "")
     atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=1))
     size = split_size(config.env, config.env_kwargs, config.train_split) if config.indexed_tasks else None
     pool = min(x for x in (size, config.task_pool) if x) if (size or config.task_pool) else 1000
@@ -229,7 +238,9 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
         ev = evaluate(state.policy, config)
         _append(metrics_path, {"update": 0, "eval": ev})
     while state.update < config.updates:
-        m = train_update(state, config, pool, size is not None)
+        lines: list = []
+        m = train_update(state, config, pool, size is not None, records=lines)
+        append_lines(out / RUN_EPISODES, lines)
         if config.eval_every and state.update % config.eval_every == 0:
             m["eval"] = evaluate(state.policy, config)
         _append(metrics_path, m)

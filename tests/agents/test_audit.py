@@ -170,6 +170,14 @@ def test_audit_of_mixed_groups_only_on_the_toy(tmp_path):
     assert audit.format_table(res) and audit.write_outputs(res, tmp_path)["audit.png"].exists()
 
 
+def test_an_audit_with_no_mixed_group_says_there_is_nothing_to_audit(monkeypatch):
+    cfg = audit.AuditConfig(env="CreditToy-v0", questions=2, group_size=3, oracle_rollouts=2, max_new_tokens=3,
+                            max_turns=3, indexed_tasks=False, mixed_only=True)
+    monkeypatch.setattr(audit, "mixed_groups", lambda utilities, group_size: [])  # every group ends alike
+    with pytest.raises(audit.NothingToAudit, match="nothing to audit: none of the 2 questions"):
+        audit.run_audit(small_policy(0), cfg)
+
+
 def _record_rollout_seeds(monkeypatch):
     """Wrap the audit's rollout calls; return the list they fill with one entry per rollout:
     ``(stream, seed, episode, turn, branch, replica)``, ``stream`` naming the audit's call it came from
