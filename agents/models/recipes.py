@@ -220,7 +220,7 @@ RECIPES["alfworld-search-notes"] = replace(
     agent_options={"ALFWorld-v0": {"tagged": True, "searcher": True, "notes": True}}, seed=14)
 RECIPES["alfworld-smol"] = replace(
     RECIPES["alfworld-search"], base_model=SMOLLM2_NAME, start_from=None, adapter_layers=12, adapter_rank=16,
-    episodes_per_env=300, skill_range=(0.8, 1.0), mistake_weight=1.0, renamed_copies=0, max_len=2048, steps=360,
+    episodes_per_env=300, skill_range=(0.8, 1.0), mistake_weight=1.0, renamed_copies=0, max_len=2048, steps=1440,
     lr=4e-4, threads=2, seed=201)
 RECIPES["webshop-polish"] = replace(RECIPES["webshop-base"], start_from="webshop-base", seed=2, steps=1000, lr=3e-4,
                                     mistake_weight=0.0)
