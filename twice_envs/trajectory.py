@@ -24,6 +24,7 @@ distinct strings never share a digest (``'\\ud83d\\ude00'`` and ``'😀'`` diffe
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -32,7 +33,7 @@ import re
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator
 
 from twice_envs.errors import TrajectoryFormatError
 
@@ -181,21 +182,21 @@ class Trajectory:
                 raise TrajectoryFormatError(f"{where}: missing field {name!r}")
             if not isinstance(data[name], typ) or (typ is int and isinstance(data[name], bool)):
                 raise TrajectoryFormatError(
-                    f"{where}: field {name!r} must be {_JSON_NAMES[typ]}, got {_json_type(data[name])}"
+                    f"{where}: field {name!r} must be {_JSON_NAMES[typ]}, got {json_kind(data[name])}"
                 )
         for name in ("actions", "observations", "digests"):
             for i, x in enumerate(data[name]):
                 if not isinstance(x, str):
-                    raise TrajectoryFormatError(f"{where}: {name}[{i}] must be a string, got {_json_type(x)}")
+                    raise TrajectoryFormatError(f"{where}: {name}[{i}] must be a string, got {json_kind(x)}")
         for i, r in enumerate(data["rewards"]):
             if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r):
                 raise TrajectoryFormatError(f"{where}: rewards[{i}] must be a finite number, got {r!r:.40}")
         for name in ("terminated", "truncated"):
             if not isinstance(data.get(name, False), bool):
-                raise TrajectoryFormatError(f"{where}: field {name!r} must be true or false, got {_json_type(data[name])}")
+                raise TrajectoryFormatError(f"{where}: field {name!r} must be true or false, got {json_kind(data[name])}")
         check_noise(data["noise"], where)
         if not isinstance(data.get("meta") or {}, dict):
-            raise TrajectoryFormatError(f"{where}: field 'meta' must be object, got {_json_type(data['meta'])}")
+            raise TrajectoryFormatError(f"{where}: field 'meta' must be object, got {json_kind(data['meta'])}")
         n = len(data["actions"])
         if len(data["observations"]) != n + 1 or len(data["rewards"]) != n or len(data["digests"]) != n + 1:
             raise TrajectoryFormatError(
@@ -242,7 +243,7 @@ def check_noise(noise: Any, where: str = "record") -> None:
     decimal strings, to branches ``>= 1``.
     """
     if not isinstance(noise, dict):
-        raise TrajectoryFormatError(f"{where}: field 'noise' must be object, got {_json_type(noise)}")
+        raise TrajectoryFormatError(f"{where}: field 'noise' must be object, got {json_kind(noise)}")
     unknown = sorted(map(str, set(noise) - set(NOISE_FIELDS)))
     if unknown:
         raise TrajectoryFormatError(
@@ -253,14 +254,14 @@ def check_noise(noise: Any, where: str = "record") -> None:
     seed = noise["episode_seed"]
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TrajectoryFormatError(
-            f"{where}: field 'noise.episode_seed' must be an integer in 0..2**64-1, got {_json_type(seed)} {seed!r:.40}"
+            f"{where}: field 'noise.episode_seed' must be an integer in 0..2**64-1, got {json_kind(seed)} {seed!r:.40}"
         )
     if not 0 <= seed <= _UINT64_MAX:
         raise TrajectoryFormatError(f"{where}: field 'noise.episode_seed' must be an integer in 0..2**64-1, got {seed}")
     branches = noise.get("branches", {})
     if not isinstance(branches, dict):
         raise TrajectoryFormatError(
-            f"{where}: field 'noise.branches' must be an object mapping turns to branches, got {_json_type(branches)}"
+            f"{where}: field 'noise.branches' must be an object mapping turns to branches, got {json_kind(branches)}"
         )
     for turn, branch in branches.items():
         if not (isinstance(turn, str) and turn.isdigit() and turn.isascii() and str(int(turn)) == turn):
@@ -270,31 +271,38 @@ def check_noise(noise: Any, where: str = "record") -> None:
         if isinstance(branch, bool) or not isinstance(branch, int) or branch < 1:
             raise TrajectoryFormatError(
                 f"{where}: field 'noise.branches[\"{turn}\"]' must be a branch (an integer >= 1; "
-                f"0 is the factual noise and is not listed), got {_json_type(branch)} {branch!r:.40}"
+                f"0 is the factual noise and is not listed), got {json_kind(branch)} {branch!r:.40}"
             )
 
 
-def _json_type(value: Any) -> str:
+def json_kind(value: Any) -> str:
+    """How a value reads in JSON terms (``a string``, ``an object``, ...), for error messages."""
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
-    return {str: "a string", dict: "an object", list: "an array"}.get(type(value), type(value).__name__)
+    return {str: "a string", dict: "an object", list: "an array", tuple: "an array"}.get(type(value), type(value).__name__)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str, errors: str = "strict") -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs: Any) -> Iterator[IO]:
+    """A file to write whose contents replace ``path`` when the block ends without an error.
 
-    ``errors`` is the UTF-8 error handler (record files use ``"surrogatepass"``).
+    It is written under a temporary name in the same folder, synced and renamed into place, so
+    readers see the old file or the new one, never half; on an error the temporary file is
+    removed and ``path`` is left as it was. ``mode`` is ``"w"`` or ``"wb"``; ``open_kwargs`` go
+    to ``open`` (text files default to UTF-8).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if "b" not in mode:
+        open_kwargs.setdefault("encoding", "utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors=errors) as fh:
-            fh.write(text)
+        with os.fdopen(fd, mode, **open_kwargs) as fh:
+            yield fh
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
@@ -304,6 +312,15 @@ def atomic_write_text(path: str | os.PathLike, text: str, errors: str = "strict"
         except FileNotFoundError:
             pass
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, errors: str = "strict") -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
+
+    ``errors`` is the UTF-8 error handler (record files use ``"surrogatepass"``).
+    """
+    with atomic_file(path, "w", errors=errors) as fh:
+        fh.write(text)
 
 
 def save_trajectories(path: str | os.PathLike, records: Iterable[Trajectory | dict]) -> None:

@@ -708,10 +708,7 @@ def write_wiki18(directory: str | Path, passages: int = WIKI18_PASSAGES, seed: i
     birth years of persons). The manifest is written last. ``progress(passages_done)``
     is called after each chunk. Returns the paths of ``corpus`` and ``dev``.
     """
-    import os
-    import tempfile
-
-    from twice_envs.trajectory import atomic_write_text
+    from twice_envs.trajectory import atomic_file, atomic_write_text
 
     directory = Path(directory)
     paths = {"corpus": directory / "corpus.jsonl", "dev": directory / "dev.jsonl"}
@@ -720,32 +717,21 @@ def write_wiki18(directory: str | Path, passages: int = WIKI18_PASSAGES, seed: i
         return paths
     directory.mkdir(parents=True, exist_ok=True)
     sha = hashlib.sha256()
-    fd, tmp = tempfile.mkstemp(prefix=".corpus.jsonl.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            buf, done = [], 0
-            for pid, text in iter_wiki18_corpus(passages, seed):
-                buf.append(json.dumps({"id": pid, "contents": text}, ensure_ascii=True, separators=(", ", ": ")) + "\n")
-                if len(buf) == 20_000:
-                    blob = "".join(buf).encode("ascii")
-                    sha.update(blob)
-                    fh.write(blob)
-                    done += len(buf)
-                    buf = []
-                    if progress is not None:
-                        progress(done)
-            blob = "".join(buf).encode("ascii")
-            sha.update(blob)
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, paths["corpus"])
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_file(paths["corpus"], "wb") as fh:
+        buf, done = [], 0
+        for pid, text in iter_wiki18_corpus(passages, seed):
+            buf.append(json.dumps({"id": pid, "contents": text}, ensure_ascii=True, separators=(", ", ": ")) + "\n")
+            if len(buf) == 20_000:
+                blob = "".join(buf).encode("ascii")
+                sha.update(blob)
+                fh.write(blob)
+                done += len(buf)
+                buf = []
+                if progress is not None:
+                    progress(done)
+        blob = "".join(buf).encode("ascii")
+        sha.update(blob)
+        fh.write(blob)
     names = Wiki18Names(passages, seed)
     persons = names.pick("person", _draws(seed + 2, np.arange(questions, dtype=np.int64), 1)[:, 0])
     rows = [{"id": f"wiki18_dev_{j}", "question": f"In which year was {name} born?", "golden_answers": [str(year)]}

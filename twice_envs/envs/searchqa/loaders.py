@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from twice_envs.errors import DataFormatError
+from twice_envs.trajectory import json_kind
 
 
 @dataclass(frozen=True)
@@ -71,27 +72,10 @@ def _json_lines(path: Path, what: str, shape: str = "") -> Iterator[tuple[int, d
             yield line_no, row
 
 
-def _json_kind(value: Any) -> str:
-    """How a value reads in JSON terms, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    return type(value).__name__
-
-
 def _check_id(value: Any, path: Path, line: int) -> Any:
     """An id as a string or an int, or a :class:`DataFormatError` naming the line."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise DataFormatError(path, line, f"'id' must be a string or an integer, got {_json_kind(value)} {value!r:.60}")
+        raise DataFormatError(path, line, f"'id' must be a string or an integer, got {json_kind(value)} {value!r:.60}")
     return value
 
 
@@ -102,7 +86,7 @@ def _answers(value: Any, path: Path, line: int, name: str = "golden_answers") ->
         raise DataFormatError(path, line, f"missing '{name}' (a non-empty list of strings)")
     if not isinstance(value, (list, tuple)):
         raise DataFormatError(
-            path, line, f"'{name}' must be a string or a list of strings, got {_json_kind(value)} {value!r:.60}"
+            path, line, f"'{name}' must be a string or a list of strings, got {json_kind(value)} {value!r:.60}"
         )
     answers = list(value)
     if not answers:
