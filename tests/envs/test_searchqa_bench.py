@@ -97,3 +97,37 @@ def test_bench_wiki18_scale_streams_a_small_corpus(tmp_path, monkeypatch, capsys
     corpus = next((tmp_path / "cache" / "searchqa" / "wiki18").glob("*/corpus.jsonl"))
     first = json.loads(corpus.open(encoding="utf-8").readline())
     assert set(first) == {"id", "contents"} and first["id"] == "0" and first["contents"].startswith('"')
+
+
+def test_bench_worker_memory_and_tantivy_baseline(tmp_path, monkeypatch, capsys):
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "2000", "--queries", "20", "--reps", "5",
+                     "--skip-baseline", "--skip-bm25s", "--workers", "2")
+    wm = fig["worker_memory"]
+    assert wm["workers"] == 2 and wm["queries"] == 20 and wm["many"]["workers"] == 2
+    reports = wm["many"]["reports"]
+    assert len(reports) == 2 and all(r["hits"] > 0 and r["rss_bytes"] > 10e6 for r in reports + [wm["one"]])
+    assert "worker memory (2 spawned processes at once" in text
+    if wm["measure"] == "pss":  # /proc/PID/smaps_rollup readable
+        one = wm["one"]["pss_bytes"]
+        assert 0 < wm["one"]["uss_bytes"] <= one <= wm["one"]["rss_bytes"]
+        assert wm["many"]["pss_sum_bytes"] == sum(r["pss_bytes"] for r in reports)
+        assert wm["pss_sum_over_one"] == pytest.approx(wm["many"]["pss_sum_bytes"] / one, rel=1e-12)
+        assert wm["added_pss_per_worker_bytes"] == pytest.approx(wm["many"]["pss_sum_bytes"] - one, rel=1e-12)
+        (ratio, added) = _printed(text, r"PSS sum of 2 / PSS of 1 = ([\d.]+)x; each extra worker adds ([\d.]+) MB PSS")
+        assert (ratio, added) == (round(wm["pss_sum_over_one"], 2), round(wm["added_pss_per_worker_bytes"] / 1e6, 1))
+    else:
+        assert wm["rss_sum_over_one"] > 0 and "RSS counts shared pages" in text
+
+    try:
+        import tantivy  # noqa: F401
+    except ImportError:
+        assert "tantivy_single_qps" not in fig and "tantivy" not in text
+        pytest.skip("tantivy is not installed: its baseline is not run")
+    q = fig["queries"]
+    assert fig["tantivy_single_qps"] > 0 and fig["tantivy_build_s"] > 0 and fig["tantivy_disk_bytes"] > 0
+    assert fig["pruned_over_tantivy_single"] == pytest.approx(fig["pruned_single_qps"] / fig["tantivy_single_qps"], rel=1e-12)
+    assert 0 <= fig["tantivy_topk_identical"] <= q and 0.0 <= fig["tantivy_topk_overlap"] <= 1.0  # partial by design
+    (qps, ratio) = _printed(text, r"  tantivy\s+(\d+)\s+-\s+pruned = ([\d.]+)x")
+    assert (qps, ratio) == (round(fig["tantivy_single_qps"]), round(fig["pruned_over_tantivy_single"], 2))
+    (same, total) = _printed(text, r"tantivy top-3 vs exhaustive: identical on (\d+)/(\d+) queries")
+    assert (same, total) == (fig["tantivy_topk_identical"], q)

@@ -1,10 +1,24 @@
-"""``twice bench searchqa``: BM25 build, size, memory and speed (pruned vs exhaustive), env overhead, fork cost, journal latency.
+"""``twice bench searchqa``: BM25 build, size, memory and speed (pruned vs exhaustive), env overhead, fork cost, journal latency, worker memory.
 
 Every figure is measured in one run on one generated corpus, with ratios against
 baselines measured in the same run: the exhaustive BM25 path (the reference the
 pruned one must match exactly, checked on every bench query), ``bm25s`` and
 ``rank_bm25`` on the same passages, tokens and queries, and one retrieval for the
 fork cost.
+
+Where the ``tantivy`` package is importable (an optional baseline, not a dependency),
+the same passages are indexed with it, tokenised by the project's tokenizer and split on
+whitespace by tantivy, so both engines see the same terms and lengths; its single-query
+speed is timed in the same alternating rounds as the pruned and exhaustive paths, and
+its top-k is compared with the exhaustive one. Tantivy's BM25 has k1 = 1.2 and b = 0.75
+fixed and quantises passage lengths to one byte, so the agreement is partial by design.
+
+``--workers W`` (default 8; 0 skips) starts W worker processes (spawn) at once, each
+making SearchQA-v0 over the cached index and answering the bench's queries, and reads
+their RSS, PSS and USS (``/proc/PID/smaps_rollup``) while all are alive; one worker
+alone and an idle interpreter with the imports are measured the same way. The figure
+compared is the PSS sum of the W workers over the PSS of one worker alone (PSS divides
+each shared page among the processes that map it, so the sum is what they use together).
 
 ``--scale wiki18`` streams a corpus in the wiki-18 file format (21,015,324 passages
 of about 80-100 words unless ``--passages`` says otherwise) to the cache, builds its
@@ -110,6 +124,115 @@ def _build_timed(store, params, target: Path) -> dict:
     return result
 
 
+def _worker(conn, env_kwargs: dict, queries: list, k: int, load: bool) -> None:
+    """A worker process (see :func:`_run_workers`): make the env, answer the queries, report, wait for the parent."""
+    try:
+        import twice_envs
+        import twice_envs.envs.searchqa.env  # noqa: F401  (the imports count in every worker)
+
+        out: dict = {}
+        if load:
+            t0 = time.perf_counter()
+            env = twice_envs.make("SearchQA-v0", **env_kwargs)
+            env.reset(seed=0)
+            env.step(f"<search> {queries[0]} </search>")  # the env's own search path once
+            out["make_s"] = time.perf_counter() - t0
+            retriever = env.resources.retriever
+            t0 = time.perf_counter()
+            out["hits"] = sum(len(retriever.search(q, k)[0]) for q in queries)
+            out["queries_s"] = time.perf_counter() - t0
+        conn.send(out)
+    except BaseException as exc:  # the parent reports it
+        conn.send({"error": f"{type(exc).__name__}: {exc}"})
+        raise
+    conn.recv()  # stay alive (and mapped) until the parent has measured every worker
+
+
+def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = True) -> dict:
+    """Start ``w`` worker processes (spawn) at once; when all have made the env and answered
+    the queries, read their memory together (RSS, PSS, USS), then let them exit."""
+    import multiprocessing
+
+    from twice_envs._procmem import memory
+
+    ctx = multiprocessing.get_context("spawn")
+    procs, conns = [], []
+    try:
+        for _ in range(w):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_worker, args=(child, env_kwargs, queries, k, load), daemon=True)
+            p.start()
+            child.close()
+            procs.append(p)
+            conns.append(parent)
+        reports = []
+        for p, c in zip(procs, conns):
+            try:
+                r = c.recv()
+            except EOFError:
+                r = {"error": f"exited with {p.exitcode}"}
+            if "error" in r:
+                raise SystemExit(f"a bench worker failed: {r['error']}")
+            reports.append(r)
+        for p, r in zip(procs, reports):  # every worker is alive, loaded and has searched
+            r.update(memory(p.pid))
+    finally:
+        for c in conns:
+            try:
+                c.send(None)
+            except OSError:
+                pass
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    out: dict = {"workers": w, "reports": reports, "rss_sum_bytes": sum(r["rss_bytes"] for r in reports)}
+    if all("pss_bytes" in r for r in reports):
+        out["pss_sum_bytes"] = sum(r["pss_bytes"] for r in reports)
+        out["uss_sum_bytes"] = sum(r["uss_bytes"] for r in reports)
+    else:
+        out["note"] = next(r["note"] for r in reports if "note" in r)
+    return out
+
+
+def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int) -> dict:
+    """Memory of an idle interpreter with the imports, of one worker alone, and of ``w`` workers at once."""
+    bare = _run_workers(1, env_kwargs, queries, k, load=False)
+    one = _run_workers(1, env_kwargs, queries, k)
+    many = _run_workers(w, env_kwargs, queries, k)
+    mem: dict = {"workers": w, "queries": len(queries), "bare": bare["reports"][0], "one": one["reports"][0], "many": many}
+    if "pss_sum_bytes" in many and "pss_bytes" in mem["one"]:
+        one_pss = mem["one"]["pss_bytes"]
+        mem["measure"] = "pss"
+        mem["pss_sum_over_one"] = many["pss_sum_bytes"] / one_pss
+        mem["added_pss_per_worker_bytes"] = (many["pss_sum_bytes"] - one_pss) / max(1, w - 1)
+    else:  # RSS counts every shared page in every process: an upper bound
+        mem["measure"] = "rss"
+        mem["note"] = many.get("note") or mem["one"].get("note")
+        mem["rss_sum_over_one"] = many["rss_sum_bytes"] / mem["one"]["rss_bytes"]
+        mem["added_rss_per_worker_bytes"] = (many["rss_sum_bytes"] - mem["one"]["rss_bytes"]) / max(1, w - 1)
+    return mem
+
+
+def _tantivy_build(texts, tok, directory: Path) -> tuple:
+    """A tantivy index of ``texts`` (tokenised by ``tok``, split on whitespace by tantivy), one writer thread."""
+    import tantivy
+
+    sb = tantivy.SchemaBuilder()
+    sb.add_text_field("body", stored=False, tokenizer_name="whitespace", index_option="freq")
+    sb.add_integer_field("pid", stored=False, indexed=False, fast=True)
+    schema = sb.build()
+    index = tantivy.Index(schema, path=str(directory))
+    writer = index.writer(heap_size=256_000_000, num_threads=1)
+    for i, text in enumerate(texts):
+        writer.add_document(tantivy.Document(body=" ".join(tok(text)), pid=i))
+    writer.commit()
+    writer.wait_merging_threads()
+    index.reload()
+    return index, schema
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="twice bench searchqa", description=__doc__.splitlines()[0])
     parser.add_argument("--passages", type=int, default=None,
@@ -122,6 +245,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--reps", type=int, default=300, help="repetitions of the env, fork and journal timings")
     parser.add_argument("--skip-baseline", action="store_true", help="do not time rank_bm25 (for large corpora)")
     parser.add_argument("--skip-bm25s", action="store_true", help="do not time bm25s (it holds the tokenised corpus in memory)")
+    parser.add_argument("--skip-tantivy", action="store_true", help="do not time tantivy even where it is importable")
+    parser.add_argument("--workers", type=int, default=8,
+                        help="worker processes for the memory figure (each makes the env and answers the queries; 0 skips)")
     parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
     args = parser.parse_args(list(argv or []))
 
@@ -191,14 +317,49 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fig.update(index_disk_bytes=ix.disk_bytes(), index_nnz=int(ix.meta["nnz"]), vocab_terms=int(ix.meta["vocab"]))
     fig["store_bytes"] = sum(f.stat().st_size for f in corpus.directory.iterdir())
 
-    # ------------------------------------------------------------- BM25 throughput
+    # ------------------------------------------------------------- tantivy (optional baseline)
     k, nb = args.k, args.queries
     qs = queries[:nb]
+    tantivy_run = None
+    tantivy_tmp = None
+    if not args.skip_tantivy:
+        from twice_envs._deps import available
+
+        if available("tantivy"):
+            import tantivy
+
+            tantivy_tmp = tempfile.TemporaryDirectory(prefix="tantivy-", dir=str(target.parent))
+            t0 = time.perf_counter()
+            tv_index, tv_schema = _tantivy_build(corpus.iter_contents(), tok, Path(tantivy_tmp.name))
+            fig["tantivy_build_s"] = time.perf_counter() - t0
+            fig["tantivy_version"] = str(getattr(tantivy, "__version__", "")).split(",")[0]
+            fig["tantivy_disk_bytes"] = sum(f.stat().st_size for f in Path(tantivy_tmp.name).rglob("*") if f.is_file())
+            tv_searcher = tv_index.searcher()
+            fig["tantivy_segments"] = tv_searcher.num_segments
+            should = tantivy.Occur.Should
+
+            def tantivy_search(q: str) -> list:
+                query = tantivy.Query.boolean_query(
+                    [(should, tantivy.Query.term_query(tv_schema, "body", t, index_option="freq")) for t in tok(q)])
+                hits = tv_searcher.search(query, k, count=False).hits
+                return tv_searcher.fast_field_values("pid", [a for _, a in hits]) if hits else []
+
+            tantivy_run = tantivy_search
+
+    # ------------------------------------------------------------- BM25 throughput
     results: dict = {}
     for method in ("pruned", "exhaustive"):
         for q in qs[:20]:  # warm the page cache and the tokenizer
             ix.search(q, k, method)
+    if tantivy_run is not None:
+        for q in qs[:20]:
+            tantivy_run(q)
     for _ in range(ROUNDS):  # the methods alternate; each keeps its best round (less exposed to a busy machine)
+        if tantivy_run is not None:  # single queries only: its Python binding has no batch search
+            tv_out: list = []
+            qps = _qps(lambda out=tv_out: out.extend(tantivy_run(q) for q in qs), nb)
+            fig["tantivy_single_qps"] = max(qps, fig.get("tantivy_single_qps", 0.0))
+            results["tantivy"] = tv_out
         for method in ("pruned", "exhaustive"):
             single: list = []
             qps = _qps(lambda m=method, out=single: out.extend(ix.search(q, k, m) for q in qs), nb)
@@ -214,6 +375,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fig["topk_identical"] = sum(a == b for a, b in zip(results["pruned"], results["exhaustive"]))
     if fig["topk_identical"] != nb:
         raise SystemExit(f"pruned and exhaustive BM25 differ on {nb - fig['topk_identical']} of {nb} queries")
+    if tantivy_run is not None:
+        ref_top = [list(ids) for ids, _ in results["exhaustive"]]
+        fig["tantivy_topk_identical"] = sum(list(t) == r for t, r in zip(results["tantivy"], ref_top))
+        fig["tantivy_topk_overlap"] = (sum(len(set(t) & set(r)) for t, r in zip(results["tantivy"], ref_top))
+                                       / max(1, sum(len(r) for r in ref_top)))
+        fig["pruned_over_tantivy_single"] = fig["pruned_single_qps"] / fig["tantivy_single_qps"]
+        fig["exhaustive_over_tantivy_single"] = fig["exhaustive_single_qps"] / fig["tantivy_single_qps"]
+        del tantivy_run, tv_searcher, tv_index
+        tantivy_tmp.cleanup()
     fig.update({f"{key}_after_queries": v for key, v in _rss().items()})
     fig.update({f"{key}_before_index": v for key, v in rss_before.items()})
 
@@ -289,6 +459,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fig["journal_sqlite_hit_us"] = _per_call(lambda: disk.call(res.tool, args_j), args.reps) * 1e6
         disk.close()
 
+    # ------------------------------------------------------------- worker memory
+    if args.workers > 0:
+        import gc
+
+        from twice_envs.envs.searchqa import resources
+
+        # this process lets go of the index and corpus first, so the workers share their pages only with each other
+        del env, res, rix, mem, ix, corpus
+        resources.clear()
+        gc.collect()
+        fig["worker_memory"] = _worker_memory(args.workers, env_kwargs, qs, k)
+
     per_passage = fig["index_disk_bytes"] / n
     fig["index_bytes_per_passage"] = per_passage
     fig["wiki18_index_gb_at_this_density"] = per_passage * WIKI18_PASSAGES / 1e9
@@ -316,6 +498,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "rank_bm25_qps" in fig:
         print(f"  rank_bm25 (BM25Okapi)    {fig['rank_bm25_qps']:10.1f}              pruned = {fig['pruned_over_rank_bm25']:.1f}x "
               f"({args.baseline_queries} queries; its build {fig['rank_bm25_build_s']:.1f} s)")
+    if "tantivy_single_qps" in fig:
+        print(f"  tantivy                  {fig['tantivy_single_qps']:10.0f}          -   pruned = "
+              f"{fig['pruned_over_tantivy_single']:.2f}x, exhaustive = {fig['exhaustive_over_tantivy_single']:.2f}x "
+              f"({fig['tantivy_version']}, k1 1.2, b 0.75; its build {fig['tantivy_build_s']:.1f} s incl. tokenising, one writer thread; "
+              f"{fig['tantivy_disk_bytes'] / mb:.1f} MB)")
+        print(f"  tantivy top-{k} vs exhaustive: identical on {fig['tantivy_topk_identical']}/{nb} queries, "
+              f"{100 * fig['tantivy_topk_overlap']:.1f}% of passages shared (other k1, b and byte-quantised lengths)")
     print("env and forks")
     print(f"  step, cached search     {fig['env_step_cached_search_us']:10.1f} us  (env overhead; retrieval read from the journal)")
     print(f"  step, invalid action    {fig['env_step_invalid_us']:10.1f} us")
@@ -324,6 +513,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("journal hit latency")
     print(f"  memory layer            {fig['journal_memory_hit_us']:10.1f} us")
     print(f"  SQLite (WAL) file       {fig['journal_sqlite_hit_us']:10.1f} us")
+    if "worker_memory" in fig:
+        wm = fig["worker_memory"]
+        w, one, many, bare = wm["workers"], wm["one"], wm["many"], wm["bare"]
+        print(f"worker memory ({w} spawned processes at once, each makes SearchQA-v0 and answers the {wm['queries']} queries)")
+        if wm["measure"] == "pss":
+            print(f"  1 worker alone          RSS {one['rss_bytes'] / mb:6.0f} MB, PSS {one['pss_bytes'] / mb:6.0f} MB, "
+                  f"USS {one['uss_bytes'] / mb:6.0f} MB   (idle interpreter with the imports: PSS {bare['pss_bytes'] / mb:.0f} MB, "
+                  f"USS {bare['uss_bytes'] / mb:.0f} MB)")
+            print(f"  {w} workers, sums        RSS {many['rss_sum_bytes'] / mb:6.0f} MB, PSS {many['pss_sum_bytes'] / mb:6.0f} MB, "
+                  f"USS {many['uss_sum_bytes'] / mb:6.0f} MB")
+            print(f"  PSS sum of {w} / PSS of 1 = {wm['pss_sum_over_one']:.2f}x; each extra worker adds "
+                  f"{wm['added_pss_per_worker_bytes'] / mb:.1f} MB PSS")
+        else:
+            print(f"  1 worker RSS {one['rss_bytes'] / mb:.0f} MB; {w} workers RSS sum {many['rss_sum_bytes'] / mb:.0f} MB = "
+                  f"{wm['rss_sum_over_one']:.2f}x (RSS counts shared pages in every process; {wm['note']})")
     print(f"at this density, {WIKI18_PASSAGES:,} passages (wiki-18) -> "
           f"{fig['wiki18_index_gb_at_this_density']:.1f} GB of index on disk")
     if args.json:

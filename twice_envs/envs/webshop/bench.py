@@ -49,6 +49,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs._procmem import smaps_rollup
+
 
 def _peak_mb() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -70,22 +72,10 @@ def _rss_mb() -> float:
 def _smaps(pid: object = "self") -> Optional[dict]:
     """RSS, PSS and USS (private clean + dirty) of a process in MB, from ``/proc/PID/smaps_rollup``
     (None where it is not readable)."""
-    try:
-        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
-            kb = {}
-            for line in fh:
-                parts = line.split()
-                if len(parts) >= 2 and parts[0].endswith(":") and parts[1].isdigit():
-                    kb[parts[0][:-1]] = int(parts[1])
-    except OSError:
+    m = smaps_rollup(pid)
+    if m is None:
         return None
-    if "Pss" not in kb:
-        return None
-    return {
-        "rss_mb": kb.get("Rss", 0) / 1024.0,
-        "pss_mb": kb["Pss"] / 1024.0,
-        "uss_mb": (kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0)) / 1024.0,
-    }
+    return {"rss_mb": m["rss_bytes"] / 2**20, "pss_mb": m["pss_bytes"] / 2**20, "uss_mb": m["uss_bytes"] / 2**20}
 
 
 def _worker_main() -> None:
