@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 BENCHES: dict[str, str] = {
     "noise": "twice_envs.bench_noise:main",
     "searchqa": "twice_envs.envs.searchqa.bench:main",
+    "dense": "twice_envs.envs.searchqa.dense_bench:main",
     "alfworld": "twice_envs.envs.alfworld.bench:main",
     "webshop": "twice_envs.envs.webshop.bench:main",
     "soak": "twice_envs.soak:main",
