@@ -39,6 +39,19 @@ def test_task_prompts_round_trip_and_reject_junk():
         twice_trl.parse_task("what is the capital of France?")
 
 
+def test_a_batch_must_repeat_each_task_num_generations_times_in_a_row():
+    rollout = twice_trl.TwinRollout(twice_trl.TwinRolloutConfig(method="grpo"))
+    a, b, c = (twice_trl.task_prompt(i) for i in range(3))
+    with pytest.raises(ValueError, match="rows 0..1 should repeat one task"):
+        rollout.play(None, [a, b, b, a], group_size=2)
+    with pytest.raises(ValueError, match="3 rows do not make groups of num_generations = 2"):
+        rollout.play(None, [a, a, b], group_size=2)
+    with pytest.raises(ValueError, match=r"equally often .* \[1, 2\]"):
+        rollout.play(None, [a, a, b])
+    with pytest.raises(ValueError, match="6 rows cannot be split over 4 processes"):
+        rollout.play(None, [a, a, b, b, c, c], group_size=2, processes=twice_trl.Processes(0, 4, lambda x: x))
+
+
 def test_group_size_scales_with_the_methods_rollouts_and_methods_trl_cannot_serve_are_refused():
     assert twice_trl.num_generations("grpo", 5) == 5 and twice_trl.num_generations("grpo-2x", 5) == 10
     with pytest.raises(ValueError, match="'ppo' needs a critic"):
