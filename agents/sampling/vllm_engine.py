@@ -1,56 +1,99 @@
-"""The keyed processor for the installed vLLM, and a policy on a vLLM engine that uses it.
+"""The keyed processor vLLM loads, and a policy on a vLLM engine that uses it.
 
-:func:`make_vllm_processor_class` picks the V1-interface processor (:mod:`.vllm`) or the
-V2-interface one (:mod:`.vllm_v2`) by the installed version and device.
+:class:`TwiceKeyedProcessor` is the one entry point (``logits_processors=[
+"twice_envs.agents.sampling.vllm_engine:TwiceKeyedProcessor"]``): whichever model runner
+constructs it, it builds that runner's processor, the V1-interface one (:mod:`.vllm`)
+or the V2-interface one (:mod:`.vllm_v2`), chosen by
+:func:`~twice_envs.agents.sampling.vllm.engine_runner` from the engine's config.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import torch
-
 from twice_envs._deps import require
 from twice_envs.agents.sampling import vllm as v1
+from twice_envs.agents.sampling import vllm_v2 as v2
 from twice_envs.agents.sampling.policy import Generation
-from twice_envs.agents.sampling.vllm import keyed_extra_args
-from twice_envs.agents.sampling.vllm_v2 import make_v2_processor_class
+from twice_envs.agents.sampling.vllm import (
+    RUNNER_NAMES,
+    engine_runner,
+    keyed_extra_args,
+    parse_keyed_args,
+    vllm_symbol,
+)
 
-#: The first vLLM release whose GPU model runner (V2) takes only V2-interface processors.
-V2_MIN_VERSION = (0, 32)
+
+def _vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except ImportError:
+        return "(not installed)"
 
 
-def uses_v2_interface(version: str, device_type: str = "cuda") -> bool:
-    """Whether vLLM ``version`` on ``device_type`` runs Model Runner V2 (and needs the V2 processor).
+def runner_processor_class(runner: str) -> type:
+    """The processor class of model runner ``runner`` (``"v1"`` or ``"v2"``) in the installed vLLM.
 
-    Model Runner V2 needs Triton on a GPU; vLLM on CPU falls back to the V1 runner.
+    Raises ``RuntimeError`` naming the runner when this vLLM has no such interface.
     """
-    parts = []
-    for piece in version.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return device_type == "cuda" and tuple(parts) >= V2_MIN_VERSION
+    if runner == "v1":
+        if v1._VLLMLogitsProcessor is None:
+            raise RuntimeError(f"this engine runs {RUNNER_NAMES['v1']}, but vLLM {_vllm_version()} has no V1 logits "
+                               "processor interface (vllm.v1.sample.logits_processor)")
+        return v1.TwiceKeyedLogitsProcessor
+    if runner == "v2":
+        if v2._V2Base is None:
+            raise RuntimeError(f"this engine runs {RUNNER_NAMES['v2']}, but vLLM {_vllm_version()} has no V2 logits "
+                               "processor interface (vllm.v1.worker.gpu.sample.logits_processor, vLLM >= 0.32): "
+                               "install vLLM >= 0.32 or set VLLM_USE_V2_MODEL_RUNNER=0")
+        return v2.TwiceKeyedV2LogitsProcessor
+    raise ValueError(f"runner must be 'v1' or 'v2', got {runner!r}")
+
+
+#: The base classes of :class:`TwiceKeyedProcessor`: every logits processor interface this vLLM has,
+#: so that the loader of either runner accepts it.
+PROCESSOR_BASES: tuple[type, ...] = tuple(
+    b for b in (vllm_symbol("v1", "LogitsProcessor"), vllm_symbol("v2", "LogitsProcessor")) if b is not None
+) or (object,)
+
+
+class TwiceKeyedProcessor(*PROCESSOR_BASES):  # type: ignore[misc]
+    """Keyed Gumbel sampling in vLLM, for either model runner (module level: vLLM loads it by name).
+
+    A subclass of every processor interface the installed vLLM has, so both runners'
+    loaders accept it; constructing it returns the processor of the runner that
+    constructs it (:func:`~twice_envs.agents.sampling.vllm.engine_runner`:
+    ``vllm_config.use_v2_model_runner``, else the constructor's arguments).
+    """
+
+    def __new__(cls, vllm_config: Any, *runner_args: Any, **runner_kwargs: Any) -> Any:
+        impl = runner_processor_class(engine_runner(vllm_config, runner_args, runner_kwargs))
+        # not an instance of cls, so Python does not call __init__ on it again
+        return impl(vllm_config, *runner_args, **runner_kwargs)
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        parse_keyed_args(sampling_params.extra_args)
 
 
 def make_vllm_processor_class(interface: Optional[str] = None) -> type:
-    """The keyed processor class for the installed vLLM (needs vLLM).
+    """The keyed processor class to pass to ``LLM(..., logits_processors=[cls])`` (needs vLLM).
 
-    ``interface`` is ``"v1"``, ``"v2"`` or ``None`` (pick by the installed version and
-    device: :func:`uses_v2_interface`). Pass it in ``LLM(..., logits_processors=[cls])``;
-    the newline table comes from the model's tokenizer at engine start.
+    ``interface``: ``None`` (default) gives :class:`TwiceKeyedProcessor`, which serves
+    either model runner; ``"v1"`` or ``"v2"`` the processor of that runner only. The
+    newline table comes from the model's tokenizer, at the first keyed request.
     """
-    vllm = require("vllm", "vllm", "the vLLM backend")
+    require("vllm", "vllm", "the vLLM backend")
     if interface is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        interface = "v2" if uses_v2_interface(vllm.__version__, device) else "v1"
-    if interface == "v2":
-        return make_v2_processor_class()
-    if interface != "v1":
+        return TwiceKeyedProcessor
+    if interface not in ("v1", "v2"):
         raise ValueError(f"interface must be 'v1', 'v2' or None, got {interface!r}")
-    if v1._VLLMLogitsProcessor is None:
-        raise ImportError(f"vLLM {vllm.__version__} has no V1 logits processor interface "
-                          "(vllm.v1.sample.logits_processor); use interface='v2'")
-    return v1.TwiceKeyedLogitsProcessor
+    try:
+        return runner_processor_class(interface)
+    except RuntimeError as e:
+        raise ImportError(str(e)) from None
 
 
 class VLLMPolicy:

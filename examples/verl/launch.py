@@ -61,7 +61,7 @@ def overrides(a: argparse.Namespace, train: Path, val: Path) -> list[str]:
         # the keyed processor forces each token; raw log-probs are the model's, processed ones would be 0
         "actor_rollout_ref.rollout.logprobs_mode=raw_logprobs",
         "+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors="
-        "[twice_envs.agents.sampling.vllm.TwiceKeyedLogitsProcessor]",
+        "[twice_envs.agents.sampling.vllm_engine:TwiceKeyedProcessor]",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={HERE / 'agent_loops.yaml'}",
         "actor_rollout_ref.rollout.agent.default_agent_loop=twice_envs",
         f"trainer.n_gpus_per_node={a.gpus}", "trainer.nnodes=1", f"trainer.total_training_steps={a.updates}",

@@ -59,9 +59,37 @@ fi
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-2}
 export TWICE_REQUIRE_VLLM=1   # the tests fail instead of skipping when vLLM cannot be imported
 status=0
-# test_vllm_processor: both processors' state logic; test_vllm_integration: vLLM == transformers
-# through the processor this vLLM picks (on CPU: the V1 model runner's)
+# test_vllm_processor: both processors' state logic, and the vLLM symbols they use against this vLLM;
+# test_vllm_integration: vLLM == transformers through each model runner (V1, and Model Runner V2 with
+# Triton's interpreter: see tests/agents/vllm_generate.py)
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/agents/test_vllm_processor.py \
     tests/agents/test_vllm_integration.py "$@" || status=$?
+
+# Other releases, import only (0.24: the one verl 0.9.1 pins): their Python sources, from the vllm
+# wheel on PyPI (about 300 MB each, kept under $VENVS/vllm-src), on this venv's path, to check the
+# symbols the processors use and the loaders' type checks. No engine runs (the wheels are CUDA builds).
+READ_RELEASES=${TWICE_VLLM_READ_RELEASES-"0.24.0 0.33.0 0.34.0"}
+PY_VER=$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+for release in $READ_RELEASES; do
+    SRC=$VENVS/vllm-src/$release
+    if [[ ! -f "$SRC/.complete" ]]; then
+        echo "[vllm-cpu] fetching the Python sources of vllm $release"
+        rm -rf "$SRC" && mkdir -p "$SRC"
+        "$VENV/bin/pip" download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+            --python-version "$PY_VER" "vllm==$release" -d "$SRC/wheel"
+        "$VENV/bin/python" - "$SRC" <<'PY'
+import sys, zipfile, pathlib
+src = pathlib.Path(sys.argv[1])
+(wheel,) = (src / "wheel").glob("vllm-*.whl")
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(src, [n for n in z.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+PY
+        rm -rf "$SRC/wheel"
+        touch "$SRC/.complete"
+    fi
+    echo "[vllm-cpu] vllm $release sources: symbols and loader type checks"
+    PYTHONPATH=$SRC "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/agents/test_vllm_processor.py \
+        -k "symbols or installed_vllm" || status=$?
+done
 # pytest exits 5 when it collected nothing: that is a failure here (the tests must run)
 exit $status

@@ -85,7 +85,10 @@ class ServerPolicy:
         return {**params, "temperature": 1.0,
                 "extra_args": keyed_extra_args(request.noise_key, temperature=sampling.temperature,
                                                top_p=sampling.top_p, key_mode=sampling.key_mode,
-                                               token_counter=request.token_counter)}
+                                               token_counter=request.token_counter,
+                                               # a resumed request (fully-async mode) re-sends prompt + output so
+                                               # far with these same params: its keys continue the turn
+                                               prompt_len=len(request.prompt_ids))}
 
     async def _one(self, request, sampling: SamplingConfig) -> Generation:
         out = await self.server_manager.generate(request_id=uuid4().hex, prompt_ids=list(request.prompt_ids),
