@@ -2,11 +2,15 @@
 hold together (speed itself is not asserted)."""
 
 import json
+import os
 import re
+import sys
 
 import pytest
 
 from twice_envs.cli import main
+from twice_envs.envs.searchqa import bench as bench_mod
+from twice_envs.envs.searchqa import lucene_server as ls
 from twice_envs.envs.searchqa import resources
 from twice_envs.envs.searchqa.bench import WIKI18_PASSAGES
 
@@ -131,3 +135,218 @@ def test_bench_worker_memory_and_tantivy_baseline(tmp_path, monkeypatch, capsys)
     assert (qps, ratio) == (round(fig["tantivy_single_qps"]), round(fig["pruned_over_tantivy_single"], 2))
     (same, total) = _printed(text, r"tantivy top-3 vs exhaustive: identical on (\d+)/(\d+) queries")
     assert (same, total) == (fig["tantivy_topk_identical"], q)
+
+
+# ---------------------------------------------------------------- Lucene (pyserini) baseline
+
+#: Runs the real server file with a stand-in engine: an in-memory index that scores a passage by the
+#: number of query-term occurrences it holds (ties by docid), and that prints on fd 1 and stdout as
+#: Java's logging would, to check that such output never reaches the replies.
+STAND_IN = r"""
+import importlib.util, json, os, sys, time
+if len(sys.argv) > 1:  # the server file, loaded by path as the bench runs it
+    spec = importlib.util.spec_from_file_location("lucene_server", sys.argv[1])
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+else:  # started by the bench itself (no arguments)
+    from twice_envs.envs.searchqa import lucene_server as server
+mode = sys.argv[2] if len(sys.argv) > 2 else "ok"
+
+class StandIn:
+    versions = {"lucene": "0.0-stand-in", "pyserini": "none", "java": "none"}
+
+    def __init__(self):
+        if mode == "fail-start":
+            raise RuntimeError("no JVM here")
+        self.postings, self.ready = {}, False
+
+    def build(self, input, index):
+        os.write(1, b"[main] INFO IndexCollection - a log line on fd 1\n")
+        print("a print on stdout")
+        if mode == "crash":
+            os._exit(3)
+        docs = 0
+        for name in sorted(os.listdir(input)):
+            with open(os.path.join(input, name), encoding="utf-8") as fh:
+                for line in fh:
+                    d = json.loads(line)
+                    for t in d["contents"].split():
+                        self.postings.setdefault(t, []).append(d["id"])
+                    docs += 1
+        os.makedirs(index)
+        with open(os.path.join(index, "segment"), "w") as fh:
+            fh.write("x" * 100)
+        return {"build_s": 0.01, "index_bytes": server.dir_bytes(index), "docs": docs, "segments": 1}
+
+    def open(self, index, k1, b):
+        self.ready = True
+        return {"open_s": 0.001, "docs": -1}
+
+    def search(self, mode, k, queries):
+        if not self.ready:
+            raise RuntimeError("no index is open")
+        t0 = time.perf_counter()
+        hits = []
+        for q in queries:
+            score = {}
+            for t in q.split():
+                for d in self.postings.get(t, []):
+                    score[d] = score.get(d, 0) + 1
+            hits.append([int(d) for d in sorted(score, key=lambda d: (-score[d], d))[:k]])
+        return {"seconds": max(time.perf_counter() - t0, 1e-6), "hits": hits}
+
+raise SystemExit(server.main(StandIn))
+"""
+
+
+def _stand_in(tmp_path, mode="ok"):
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    return [sys.executable, "-I", str(script), str(bench_mod.LUCENE_SERVER), mode]
+
+
+def test_lucene_protocol_framing():
+    assert ls.docid(7) == "0000000007" and len(ls.docid(21_015_323)) == ls.DOCID_WIDTH
+    assert sorted(ls.docid(i) for i in (10, 9, 100, 2)) == [ls.docid(i) for i in (2, 9, 10, 100)]  # string order = position
+    with pytest.raises(ValueError):
+        ls.docid(10**ls.DOCID_WIDTH)
+    reply = {"ok": True, "op": "search", "seconds": 0.5, "hits": [[1, 2], []]}
+    line = ls.encode(reply)
+    assert line.startswith(ls.MARK) and line.endswith("\n") and line.count("\n") == 1
+    assert ls.decode(line) == reply
+    assert ls.decode("[main] INFO IndexCollection - Starting indexer\n") is None  # other output is skipped
+    for bad in (ls.MARK + "{not json\n", ls.MARK + "[1, 2]\n", ls.MARK + '{"ok": "yes"}\n'):
+        with pytest.raises(ls.ProtocolError):
+            ls.decode(bad)
+    req = ls.parse_request('{"op": "search", "mode": "batched", "k": 3, "queries": ["a b", ""]}\n')
+    assert req["queries"] == ["a b", ""] and ls.parse_request(ls.encode({"op": "quit"}))["op"] == "quit"
+    assert ls.parse_request('{"op": "open", "index": "/x", "k1": 0.9, "b": 0}')["b"] == 0
+    for bad, why in (("nope", "not JSON"), ('{"op": "delete"}', "needs an 'op'"), ('{"op": "build", "input": "/x"}', "'index'"),
+                     ('{"op": "search", "mode": "single", "k": true, "queries": []}', "'k'"),
+                     ('{"op": "search", "mode": "both", "k": 3, "queries": []}', "mode must be"),
+                     ('{"op": "search", "mode": "single", "k": 0, "queries": []}', "k >= 1"),
+                     ('{"op": "search", "mode": "single", "k": 3, "queries": [["a"]]}', "must be strings"),
+                     ('{"op": "open", "index": "/x", "k1": "0.9", "b": 0.4}', "'k1'")):
+        with pytest.raises(ls.ProtocolError, match=why):
+            ls.parse_request(bad)
+
+
+def test_lucene_server_loop_in_process():
+    import io
+
+    class Engine:
+        versions = {"lucene": "x"}
+
+        def search(self, mode, k, queries):
+            return {"seconds": 1.0, "hits": [[len(q)] * k for q in queries]}
+
+    requests = "\n".join([json.dumps({"op": "search", "mode": "single", "k": 2, "queries": ["ab", "c"]}),
+                          "{broken", json.dumps({"op": "open", "index": "/x", "k1": 0.9, "b": 0.4}), "",
+                          json.dumps({"op": "quit"}), json.dumps({"op": "search", "mode": "single", "k": 1, "queries": []})])
+    out = io.StringIO()
+    assert ls.serve(Engine, io.StringIO(requests + "\n"), out) == 0
+    replies = [ls.decode(line) for line in out.getvalue().splitlines(keepends=True)]
+    assert [r["ok"] for r in replies] == [True, True, False, False, True]  # hello, search, bad line, failed open, quit
+    assert replies[0]["op"] == "hello" and replies[0]["versions"] == {"lucene": "x"} and replies[0]["startup_s"] >= 0
+    assert replies[1] == {"ok": True, "op": "search", "seconds": 1.0, "hits": [[2, 2], [1, 1]]}
+    assert "not JSON" in replies[2]["error"] and "AttributeError" in replies[3]["error"]
+    assert replies[4]["op"] == "quit"  # nothing is answered after it
+
+    out = io.StringIO()
+    assert ls.serve(lambda: 1 / 0, io.StringIO(""), out) == 1
+    (hello,) = [ls.decode(line) for line in out.getvalue().splitlines(keepends=True)]
+    assert hello["ok"] is False and "ZeroDivisionError" in hello["error"]
+
+
+def test_lucene_client_and_server_process_with_a_stand_in(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    bench_mod._lucene_export(["Alpha beta", "beta gamma gamma", "", "delta"], lambda t: t.lower().split(), docs / "p.jsonl")
+    lines = [json.loads(line) for line in (docs / "p.jsonl").read_text().splitlines()]
+    assert lines[1] == {"id": "0000000001", "contents": "beta gamma gamma"} and lines[2]["contents"] == ""
+
+    server = bench_mod.LuceneServer(_stand_in(tmp_path), tmp_path / "server.log")
+    try:
+        assert server.hello["versions"]["lucene"] == "0.0-stand-in" and server.startup_wall_s > 0
+        built = server.request("build", input=str(docs), index=str(tmp_path / "index"))
+        assert built == {"ok": True, "op": "build", "build_s": 0.01, "index_bytes": 100, "docs": 4, "segments": 1}
+        with pytest.raises(SystemExit, match="the Lucene server failed: ProtocolError: 'search' mode must be"):
+            server.request("search", mode="both", k=2, queries=["beta"])
+        server.request("open", index=str(tmp_path / "index"), k1=0.9, b=0.4)
+        found = server.request("search", mode="batched", k=2, queries=["beta", "gamma beta", "zeta"])
+        assert found["hits"] == [[0, 1], [1, 0], []] and found["seconds"] > 0  # the failed request did not end it
+    finally:
+        server.close()
+    assert server.proc.returncode == 0
+    log = (tmp_path / "server.log").read_text()
+    assert "a log line on fd 1" in log and "a print on stdout" in log  # in the log, not among the replies
+
+    with pytest.raises(SystemExit, match="could not be started with '/nonexistent/python'"):
+        bench_mod.LuceneServer(["/nonexistent/python", "-I", str(bench_mod.LUCENE_SERVER)], tmp_path / "s1.log")
+    with pytest.raises(SystemExit, match="failed: RuntimeError: no JVM here"):
+        bench_mod.LuceneServer(_stand_in(tmp_path, "fail-start"), tmp_path / "s2.log")
+    server = bench_mod.LuceneServer(_stand_in(tmp_path, "crash"), tmp_path / "s3.log")
+    with pytest.raises(SystemExit, match=r"(?s)exited \(status 3\) without a reply.*a log line on fd 1"):
+        server.request("build", input=str(docs), index=str(tmp_path / "index3"))
+    server.close()
+
+
+def _check_lucene(text: str, fig: dict, real: bool) -> None:
+    q, n = fig["queries"], fig["passages"]
+    for key in ("lucene_single_qps", "lucene_batched_qps", "lucene_build_s", "lucene_disk_bytes", "lucene_startup_s",
+                "lucene_export_s", "lucene_warmup_s"):
+        assert fig[key] > 0, key
+    assert fig["lucene_open_s"] >= 0 and fig["lucene_segments"] >= 1
+    for mode in ("single", "batched"):
+        assert fig[f"pruned_over_lucene_{mode}"] == pytest.approx(fig[f"pruned_{mode}_qps"] / fig[f"lucene_{mode}_qps"], rel=1e-12)
+        assert fig[f"exhaustive_over_lucene_{mode}"] == pytest.approx(
+            fig[f"exhaustive_{mode}_qps"] / fig[f"lucene_{mode}_qps"], rel=1e-12)
+    assert 0 <= fig["lucene_topk_identical"] <= q and 0.0 <= fig["lucene_topk_overlap"] <= 1.0
+    single, batched, r1, r2 = _printed(text, r"  Lucene \(pyserini\)\s+(\d+)\s+(\d+)\s+pruned = ([\d.]+)x / ([\d.]+)x")
+    assert (single, batched) == (round(fig["lucene_single_qps"]), round(fig["lucene_batched_qps"]))
+    assert (r1, r2) == (round(fig["pruned_over_lucene_single"], 2), round(fig["pruned_over_lucene_batched"], 2))
+    (same, total) = _printed(text, r"Lucene top-3 vs exhaustive: identical on (\d+)/(\d+) queries")
+    assert (same, total) == (fig["lucene_topk_identical"], q)
+    (build,) = _printed(text, r"build ([\d.]+) s from pretokenised JSONL")
+    assert build == round(fig["lucene_build_s"], 1)
+    assert f"Lucene {fig['lucene_version']} (pyserini {fig['lucene_pyserini_version']}" in text
+    assert "Lucene: skipped" not in text
+    if real:
+        assert fig["lucene_docs"] == n  # every generated passage has terms
+        assert fig["lucene_version"].startswith("9.") and fig["lucene_java_version"].startswith("21")
+        # the same terms, lengths (short passages: exact in Lucene's byte), k1 and b: only float32 sums
+        # could flip a near tie (measured: every query identical; with Lucene's default English analyzer
+        # on the queries instead of the whitespace one, 41 / 50 and 91% of passages shared)
+        assert fig["lucene_topk_overlap"] >= 0.98 and fig["lucene_topk_identical"] >= 0.96 * q
+
+
+def test_bench_lucene_path_with_a_stand_in_server(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN)
+    # the bench runs `python -I LUCENE_SERVER`: here the stand-in, which then imports the real server module
+    monkeypatch.setattr(bench_mod, "LUCENE_SERVER", script)
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "1500", "--queries", "20", "--reps", "5",
+                     "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--workers", "0", "--rounds", "3",
+                     "--lucene-python", sys.executable)
+    _check_common(text, fig)
+    _check_lucene(text, fig, real=False)
+    assert fig["rounds"] == 3 and "20 queries, q/s     single    batched   (best of 3 alternating rounds)" in text
+    assert fig["lucene_version"] == "0.0-stand-in" and fig["lucene_docs"] == fig["passages"]
+    assert not list((tmp_path / "cache").rglob("lucene-*"))  # its folder is removed
+
+    monkeypatch.delenv("TWICE_LUCENE_PYTHON", raising=False)
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "1500", "--queries", "20", "--reps", "5",
+                     "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--workers", "0")
+    assert "lucene_single_qps" not in fig and "Lucene: skipped (no pyserini environment" in text
+
+
+def test_bench_lucene_baseline(tmp_path, monkeypatch, capsys):
+    python = os.environ.get("TWICE_LUCENE_PYTHON")
+    if not python:
+        if os.environ.get("TWICE_REQUIRE_LUCENE") == "1":
+            pytest.fail("TWICE_LUCENE_PYTHON is not set")
+        pytest.skip("no pyserini environment (TWICE_LUCENE_PYTHON; bash tests/sidecar/pyserini.sh builds one)")
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "2000", "--queries", "50", "--reps", "5",
+                     "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--workers", "0", "--lucene-python", python)
+    _check_common(text, fig)
+    _check_lucene(text, fig, real=True)

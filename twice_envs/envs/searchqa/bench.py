@@ -13,6 +13,20 @@ speed is timed in the same alternating rounds as the pruned and exhaustive paths
 its top-k is compared with the exhaustive one. Tantivy's BM25 has k1 = 1.2 and b = 0.75
 fixed and quantises passage lengths to one byte, so the agreement is partial by design.
 
+Lucene (pyserini 1.6, Lucene 9.9) is the other optional same-run baseline. pyserini needs an
+environment of its own (``bash tests/sidecar/pyserini.sh --setup-only`` builds one), so the
+bench runs it in a subprocess (:mod:`.lucene_server`) with that environment's python, given
+by ``--lucene-python PATH`` or the ``TWICE_LUCENE_PYTHON`` variable (else Lucene is skipped
+with a note). The passages go to it as pretokenised JSONL (the project's tokens joined by
+spaces, indexed with Lucene's whitespace analyzer, one indexing thread), so both engines
+see the same terms and lengths; BM25 is set to the project's k1 and b. Each round sends
+the queries (pretokenised too) once one by one and once as one ``batch_search`` with one
+thread; the server times the round itself, so the transport is not counted, and neither is
+the JVM's start (reported beside). Docids are zero-padded positions, so Lucene's tie order
+(score, then docid string) is the project's (score, then position). Lucene stores passage
+lengths in one byte (exact up to 40 tokens) and sums scores in float32, so its top-k
+agreement is reported, not asserted.
+
 ``--workers W`` (default 8; 0 skips) starts W worker processes (spawn) at once, each
 making SearchQA-v0 over the cached index and answering the bench's queries, and reads
 their RSS, PSS and USS (``/proc/PID/smaps_rollup``) while all are alive; one worker
@@ -74,7 +88,7 @@ print(json.dumps({"build_s": time.perf_counter() - t, "peak_rss_bytes": resource
 """
 
 
-#: Timing rounds of the BM25 query paths (alternating; the best of each is reported).
+#: Timing rounds of the BM25 query paths (alternating; the best of each is reported); ``--rounds``.
 ROUNDS = 2
 
 
@@ -233,6 +247,129 @@ def _tantivy_build(texts, tok, directory: Path) -> tuple:
     return index, schema
 
 
+#: The server file, run by path with the Lucene environment's python (``-I``: nothing of this
+#: checkout or of the caller's ``PYTHON*`` variables on its path).
+LUCENE_SERVER = Path(__file__).with_name("lucene_server.py")
+
+
+class LuceneServer:
+    """The bench's side of :mod:`.lucene_server`: start it, wait for its hello, send requests, read replies.
+
+    ``cmd`` starts the server; its stderr (Java's and pyserini's logging included) goes to
+    ``log``, whose last lines are quoted when the server fails.
+    """
+
+    def __init__(self, cmd: Sequence[str], log: Path, env: dict | None = None) -> None:
+        from twice_envs.envs.searchqa import lucene_server as proto
+
+        self._proto = proto
+        self._log_path = Path(log)
+        self._log = open(self._log_path, "w", encoding="utf-8")
+        t0 = time.perf_counter()
+        try:
+            self.proc = subprocess.Popen(list(cmd), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+                                         text=True, encoding="utf-8", env=env)
+        except OSError as exc:
+            self._log.close()
+            raise SystemExit(f"the Lucene server could not be started with {cmd[0]!r} ({exc}); give the python of a "
+                             "pyserini environment (bash tests/sidecar/pyserini.sh --setup-only builds one)") from None
+        try:
+            self.hello = self._read()
+        except SystemExit:
+            self.close()
+            raise
+        self.startup_wall_s = time.perf_counter() - t0
+
+    def _fail(self, what: str) -> SystemExit:
+        try:
+            tail = self._log_path.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-15:]
+        except OSError:
+            tail = []
+        lines = "".join(f"\n    {t}" for t in tail)
+        return SystemExit(f"the Lucene server {what}" + (f"; the end of its log ({self._log_path}):{lines}" if tail else ""))
+
+    def _read(self) -> dict:
+        assert self.proc.stdout is not None
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                self.proc.wait()
+                raise self._fail(f"exited (status {self.proc.returncode}) without a reply")
+            try:
+                reply = self._proto.decode(line)
+            except self._proto.ProtocolError as exc:
+                raise self._fail(str(exc)) from None
+            if reply is None:  # not a reply line
+                continue
+            if not reply["ok"]:
+                raise self._fail(f"failed: {reply.get('error', 'no reason given')}")
+            return reply
+
+    def request(self, op: str, **fields) -> dict:
+        """Send one request and return its (successful) reply."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps({"op": op, **fields}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._fail("closed its input") from None
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request("quit")
+            except SystemExit:
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f is not None:
+                f.close()
+        self._log.close()
+
+
+def _lucene_export(texts, tok, path: Path) -> int:
+    """Write the passages as pretokenised JSONL for the Lucene server: zero-padded docids, tokens joined by spaces."""
+    from twice_envs.envs.searchqa.lucene_server import docid
+
+    n = 0
+    with open(path, "w", encoding="utf-8") as fh:
+        for i, text in enumerate(texts):
+            fh.write(json.dumps({"id": docid(i), "contents": " ".join(tok(text))}) + "\n")
+            n += 1
+    return n
+
+
+def _lucene_start(python: str, corpus, tok, params, work: Path, fig: dict) -> LuceneServer:
+    """Export the passages, start the server, build and open its index; the figures go into ``fig``."""
+    docs = work / "docs"
+    docs.mkdir()
+    t0 = time.perf_counter()
+    _lucene_export(corpus.iter_contents(), tok, docs / "passages.jsonl")
+    fig["lucene_export_s"] = time.perf_counter() - t0
+    server = LuceneServer([python, "-I", str(LUCENE_SERVER)], work / "server.log")
+    try:
+        versions = server.hello.get("versions", {})
+        fig["lucene_version"] = versions.get("lucene", "")
+        fig["lucene_pyserini_version"] = versions.get("pyserini", "")
+        fig["lucene_java_version"] = versions.get("java", "")
+        fig["lucene_startup_s"] = server.startup_wall_s
+        built = server.request("build", input=str(docs), index=str(work / "index"))
+        fig["lucene_build_s"], fig["lucene_disk_bytes"] = built["build_s"], built["index_bytes"]
+        fig["lucene_segments"], fig["lucene_docs"] = built["segments"], built["docs"]
+        (docs / "passages.jsonl").unlink()
+        opened = server.request("open", index=str(work / "index"), k1=params.k1, b=params.b)
+        fig["lucene_open_s"] = opened["open_s"]
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="twice bench searchqa", description=__doc__.splitlines()[0])
     parser.add_argument("--passages", type=int, default=None,
@@ -242,10 +379,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--queries", type=int, default=500, help="queries for the BM25 timings")
     parser.add_argument("--baseline-queries", type=int, default=30, help="queries for the rank_bm25 timing (it is slow)")
     parser.add_argument("--k", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help=f"alternating timing rounds of the BM25 paths and baselines; each keeps its best (default {ROUNDS})")
     parser.add_argument("--reps", type=int, default=300, help="repetitions of the env, fork and journal timings")
     parser.add_argument("--skip-baseline", action="store_true", help="do not time rank_bm25 (for large corpora)")
     parser.add_argument("--skip-bm25s", action="store_true", help="do not time bm25s (it holds the tokenised corpus in memory)")
     parser.add_argument("--skip-tantivy", action="store_true", help="do not time tantivy even where it is importable")
+    parser.add_argument("--lucene-python", type=str, default=None,
+                        help="python of a pyserini environment for the Lucene baseline (default: $TWICE_LUCENE_PYTHON; "
+                             "none: skipped; `bash tests/sidecar/pyserini.sh --setup-only` builds one)")
+    parser.add_argument("--skip-lucene", action="store_true", help="do not time Lucene even where its python is given")
     parser.add_argument("--workers", type=int, default=8,
                         help="worker processes for the memory figure (each makes the env and answers the queries; 0 skips)")
     parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
@@ -261,7 +404,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     wiki = args.scale == "wiki18"
     passages = args.passages if args.passages is not None else (WIKI18_PASSAGES if wiki else 100_000)
-    fig: dict = {"passages_requested": passages, "scale": args.scale or "generated", "k": args.k}
+    fig: dict = {"passages_requested": passages, "scale": args.scale or "generated", "k": args.k, "rounds": max(1, args.rounds)}
     n_q = max(args.queries, args.baseline_queries)
     env_kwargs = {"max_searches": 10**6, "max_turns": 10**7}
 
@@ -346,6 +489,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             tantivy_run = tantivy_search
 
+    # ------------------------------------------------------------- Lucene (optional baseline, another environment)
+    lucene = None
+    lucene_note = ""
+    lucene_python = args.lucene_python or os.environ.get("TWICE_LUCENE_PYTHON", "")
+    if args.skip_lucene:
+        lucene_note = "Lucene: skipped (--skip-lucene)"
+    elif not lucene_python:
+        lucene_note = ("Lucene: skipped (no pyserini environment: pass --lucene-python PATH or set TWICE_LUCENE_PYTHON; "
+                       "`bash tests/sidecar/pyserini.sh --setup-only` builds one)")
+    else:
+        lucene_tmp = tempfile.TemporaryDirectory(prefix="lucene-", dir=str(target.parent))
+        lucene = _lucene_start(lucene_python, corpus, tok, params, Path(lucene_tmp.name), fig)
+        lqs = [" ".join(tok(q)) for q in qs]
+        # the JVM compiles the hot paths while it runs: one untimed pass of each mode first (its time is reported)
+        fig["lucene_warmup_s"] = sum(lucene.request("search", mode=m, k=k, queries=lqs)["seconds"] for m in ("single", "batched"))
+
     # ------------------------------------------------------------- BM25 throughput
     results: dict = {}
     for method in ("pruned", "exhaustive"):
@@ -354,12 +513,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if tantivy_run is not None:
         for q in qs[:20]:
             tantivy_run(q)
-    for _ in range(ROUNDS):  # the methods alternate; each keeps its best round (less exposed to a busy machine)
+    for _ in range(max(1, args.rounds)):  # the methods alternate; each keeps its best round (less exposed to a busy machine)
         if tantivy_run is not None:  # single queries only: its Python binding has no batch search
             tv_out: list = []
             qps = _qps(lambda out=tv_out: out.extend(tantivy_run(q) for q in qs), nb)
             fig["tantivy_single_qps"] = max(qps, fig.get("tantivy_single_qps", 0.0))
             results["tantivy"] = tv_out
+        if lucene is not None:  # the server times its rounds itself (the transport is not counted)
+            lu = {m: lucene.request("search", mode=m, k=k, queries=lqs) for m in ("single", "batched")}
+            for m in ("single", "batched"):
+                fig[f"lucene_{m}_qps"] = max(nb / lu[m]["seconds"], fig.get(f"lucene_{m}_qps", 0.0))
+            if lu["single"]["hits"] != lu["batched"]["hits"] or results.setdefault("lucene", lu["single"]["hits"]) != lu["single"]["hits"]:
+                raise SystemExit("Lucene: batched and single-query results differ")
         for method in ("pruned", "exhaustive"):
             single: list = []
             qps = _qps(lambda m=method, out=single: out.extend(ix.search(q, k, m) for q in qs), nb)
@@ -384,6 +549,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         fig["exhaustive_over_tantivy_single"] = fig["exhaustive_single_qps"] / fig["tantivy_single_qps"]
         del tantivy_run, tv_searcher, tv_index
         tantivy_tmp.cleanup()
+    if lucene is not None:
+        ref_top = [list(ids) for ids, _ in results["exhaustive"]]
+        fig["lucene_topk_identical"] = sum(list(t) == r for t, r in zip(results["lucene"], ref_top))
+        fig["lucene_topk_overlap"] = (sum(len(set(t) & set(r)) for t, r in zip(results["lucene"], ref_top))
+                                      / max(1, sum(len(r) for r in ref_top)))
+        for mode in ("single", "batched"):
+            fig[f"pruned_over_lucene_{mode}"] = fig[f"pruned_{mode}_qps"] / fig[f"lucene_{mode}_qps"]
+            fig[f"exhaustive_over_lucene_{mode}"] = fig[f"exhaustive_{mode}_qps"] / fig[f"lucene_{mode}_qps"]
+        lucene.close()
+        lucene_tmp.cleanup()
+        lucene = None
     fig.update({f"{key}_after_queries": v for key, v in _rss().items()})
     fig.update({f"{key}_before_index": v for key, v in rss_before.items()})
 
@@ -487,7 +663,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"  this process after the queries: RSS {fig['rss_bytes_after_queries'] / mb:.0f} MB = "
               f"{fig['rss_anon_bytes_after_queries'] / mb:.0f} MB private + {fig['rss_file_bytes_after_queries'] / mb:.0f} MB "
               f"mapped files (shared page cache; {fig['rss_file_bytes_before_index'] / mb:.0f} MB before opening the index)")
-    print(f"\nBM25 (k={k}), {nb} queries, q/s     single    batched   (best of {ROUNDS} alternating rounds)")
+    print(f"\nBM25 (k={k}), {nb} queries, q/s     single    batched   (best of {max(1, args.rounds)} alternating rounds)")
     print(f"  pruned                   {fig['pruned_single_qps']:10.0f} {fig['pruned_batched_qps']:10.0f}")
     print(f"  exhaustive               {fig['exhaustive_single_qps']:10.0f} {fig['exhaustive_batched_qps']:10.0f}")
     print(f"  pruned / exhaustive      {fig['pruned_over_exhaustive_single']:9.1f}x {fig['pruned_over_exhaustive_batched']:9.1f}x   "
@@ -505,6 +681,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{fig['tantivy_disk_bytes'] / mb:.1f} MB)")
         print(f"  tantivy top-{k} vs exhaustive: identical on {fig['tantivy_topk_identical']}/{nb} queries, "
               f"{100 * fig['tantivy_topk_overlap']:.1f}% of passages shared (other k1, b and byte-quantised lengths)")
+    if "lucene_single_qps" in fig:
+        print(f"  Lucene (pyserini)        {fig['lucene_single_qps']:10.0f} {fig['lucene_batched_qps']:10.0f}   pruned = "
+              f"{fig['pruned_over_lucene_single']:.2f}x / {fig['pruned_over_lucene_batched']:.2f}x, exhaustive = "
+              f"{fig['exhaustive_over_lucene_single']:.2f}x / {fig['exhaustive_over_lucene_batched']:.2f}x")
+        print(f"  Lucene {fig['lucene_version']} (pyserini {fig['lucene_pyserini_version']}, Java {fig['lucene_java_version']}, "
+              f"k1 {params.k1}, b {params.b}): start {fig['lucene_startup_s']:.1f} s (JVM and imports; not in q/s), "
+              f"build {fig['lucene_build_s']:.1f} s from pretokenised JSONL (writing it: {fig['lucene_export_s']:.1f} s), "
+              f"one indexing thread, {fig['lucene_segments']} segment(s), {fig['lucene_disk_bytes'] / mb:.1f} MB; "
+              f"opened in {fig['lucene_open_s']:.2f} s; warm-up pass {fig['lucene_warmup_s']:.1f} s")
+        print(f"  Lucene top-{k} vs exhaustive: identical on {fig['lucene_topk_identical']}/{nb} queries, "
+              f"{100 * fig['lucene_topk_overlap']:.1f}% of passages shared (one-byte passage lengths, float32 scores)")
+    elif lucene_note:
+        print(f"  {lucene_note}")
     print("env and forks")
     print(f"  step, cached search     {fig['env_step_cached_search_us']:10.1f} us  (env overhead; retrieval read from the journal)")
     print(f"  step, invalid action    {fig['env_step_invalid_us']:10.1f} us")
