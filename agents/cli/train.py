@@ -46,6 +46,9 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--critic-lr", type=float, default=None,
                    help="critic learning rate, for methods that need a critic (default: 10x the default policy "
                         "rate, the PPO recipe's ratio)")
+    p.add_argument("--minibatches", type=int, default=None, help="optimiser steps per update")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="episodes per forward/backward pass (gradients accumulate; bounds memory)")
     p.add_argument("--beta", type=float, default=None, help="auxiliary budget (Twice/CRR)")
     p.add_argument("--warmup-updates", type=int, default=None,
                    help="Twice's predictor warm-up: updates that branch every decision with q 0.3")
@@ -76,10 +79,13 @@ def train_main(argv: Sequence[str]) -> int:
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
                       ("lr", "lr"), ("critic_lr", "critic_lr"), ("max_new_tokens", "max_new_tokens"),
-                      ("eval_every", "eval_every"),
+                      ("eval_every", "eval_every"), ("minibatches", "minibatches"), ("micro_batch", "micro_batch"),
                       ("max_turns", "max_turns"), ("window", "window")):
         if getattr(a, name) is not None:
             over[key] = getattr(a, name)
+    for name in ("minibatches", "micro_batch"):
+        if getattr(a, name) is not None and getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
     cfg = replace(base, **over)
     if a.beta is not None:
         cfg = replace(cfg, twice=replace(cfg.twice, beta=a.beta))

@@ -62,6 +62,11 @@ class TrainConfig:
     """AdamW weight decay."""
     minibatches: int = 2
     """Optimiser steps per update (the batch's episodes are split into this many minibatches)."""
+    micro_batch: Optional[int] = None
+    """Episodes per forward/backward pass (None: a whole minibatch). A minibatch's gradients accumulate
+    over its micro-batches before its one optimiser step, each scaled by the minibatch's token count,
+    so the step is the same up to float summation order and memory is bounded by the micro-batch
+    (what TRL calls gradient accumulation and verl a micro batch)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
     clip_eps: float = 0.2

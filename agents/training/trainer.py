@@ -89,6 +89,8 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     """PPO-clip + KL on the factual episodes: ``config.minibatches`` AdamW steps."""
     import torch
 
+    if config.micro_batch is not None and config.micro_batch < 1:
+        raise ValueError(f"micro_batch must be >= 1 or None, got {config.micro_batch}")
     lcfg = LossConfig(config.clip_eps, config.kl_coef, config.temperature, config.top_p)
     model = state.policy.model
     pad = getattr(state.policy, "pad_id", 0)
@@ -98,20 +100,24 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     chunks = [c for c in np.array_split(order, max(1, min(config.minibatches, len(episodes)))) if len(c)]
     agg = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
     for chunk in chunks:
-        batch = pack([episodes[i] for i in chunk], [advantages[i] for i in chunk], pad_id=pad)
-        n = max(batch.num_tokens, 1)
-        with torch.no_grad():
-            ref = token_logprobs(state.reference, batch, config.temperature, config.top_p)
-        new = token_logprobs(model, batch, config.temperature, config.top_p)
-        loss, stats = ppo_loss(new, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, lcfg, n)
+        # micro-batches: the gradients of one minibatch accumulate, each loss divided by the minibatch's tokens
+        size = config.micro_batch or len(chunk)
+        micro = [pack([episodes[i] for i in chunk[j:j + size]], [advantages[i] for i in chunk[j:j + size]], pad_id=pad)
+                 for j in range(0, len(chunk), size)]
+        n = max(sum(b.num_tokens for b in micro), 1)
         state.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        for batch in micro:
+            with torch.no_grad():
+                ref = token_logprobs(state.reference, batch, config.temperature, config.top_p)
+            new = token_logprobs(model, batch, config.temperature, config.top_p)
+            loss, stats = ppo_loss(new, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, lcfg, n)
+            loss.backward()
+            agg["loss"] += float(loss.detach()) / len(chunks)
+            for k in ("pg_loss", "kl", "clip_frac"):
+                agg[k] += stats[k] / len(chunks)
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
         state.optimizer.step()
         state.scheduler.step()
-        agg["loss"] += float(loss.detach()) / len(chunks)
-        for k in ("pg_loss", "kl", "clip_frac"):
-            agg[k] += stats[k] / len(chunks)
     clear_prefix_cache(state.policy)
     return agg
 

@@ -2,8 +2,10 @@
 safe checkpoints, run folders and progress lines."""
 
 import json
+from dataclasses import replace
 import pickle
 
+import numpy as np
 import pytest
 import torch
 
@@ -314,3 +316,35 @@ def test_a_method_that_grows_the_batch_trains_on_every_episode_it_grew(tmp_path,
                    [t.token_ids for t in g.turns[:g.prefix]] for r in roots)
     assert m["aux_tokens"] >= sum(e.num_generated_tokens for e in grown) > 0
     assert m["grown_episodes"] == n and (method != "twice-alloc" or 0.0 <= m["prompt_share"] <= 1.0)
+
+
+def test_micro_batches_accumulate_to_the_same_step(tmp_path, policy_factory, monkeypatch):
+    """``micro_batch`` splits each minibatch's forward/backward passes; the optimiser steps are the same."""
+    import copy
+
+    from twice_envs.agents.training import trainer as trainer_mod
+
+    seen, real = [], trainer_mod.policy_update
+
+    def spy(state, episodes, advantages, config):
+        seen.append((copy.deepcopy(state), list(episodes), advantages, config))
+        return real(state, episodes, advantages, config)
+
+    monkeypatch.setattr(trainer_mod, "policy_update", spy)
+    train(toy_config(tmp_path, method="grpo", updates=1), policy=policy_factory(), progress=False)
+    state, episodes, _, config = seen[0]
+    advantages = [np.full(len(e.turns), 1.0 if i % 3 else -1.5) for i, e in enumerate(episodes)]  # something to learn
+    start = [p.detach().clone() for p in state.policy.model.parameters()]
+    whole, split = copy.deepcopy(state), copy.deepcopy(state)
+    for st in (whole, split):  # plain SGD: the parameter change is the gradient itself (Adam's first step is its sign)
+        st.optimizer = torch.optim.SGD(st.policy.model.parameters(), lr=0.1)
+        st.scheduler = torch.optim.lr_scheduler.LambdaLR(st.optimizer, lambda step: 1.0)
+    m_whole = real(whole, episodes, advantages, config)
+    m_split = real(split, episodes, advantages, replace(config, micro_batch=1))
+    moved = 0.0
+    for p0, a, b in zip(start, whole.policy.model.parameters(), split.policy.model.parameters()):
+        torch.testing.assert_close(a - p0, b - p0, rtol=1e-4, atol=1e-7)
+        moved = max(moved, float((a - p0).abs().max()))
+    assert moved > 1e-5  # the parameters did move
+    for k in ("loss", "pg_loss", "kl", "clip_frac"):
+        assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-7)
