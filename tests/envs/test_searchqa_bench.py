@@ -137,6 +137,54 @@ def test_bench_worker_memory_and_tantivy_baseline(tmp_path, monkeypatch, capsys)
     assert (same, total) == (fig["tantivy_topk_identical"], q)
 
 
+
+def test_bench_worker_memory_forkserver_counts_the_server(tmp_path, monkeypatch, capsys):
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no forkserver start method on this platform")
+    text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "2000", "--queries", "20", "--reps", "5", "--rounds", "1",
+                     "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--skip-lucene", "--workers", "2",
+                     "--start-method", "forkserver")
+    wm = fig["worker_memory"]
+    assert wm["start_method"] == "forkserver" and wm["workers"] == 2 and wm["many"]["workers"] == 2
+    assert list(wm["preload"]) == list(bench_mod.FORKSERVER_PRELOAD)
+    reports = wm["many"]["reports"]
+    assert len(reports) == 2 and all(r["hits"] > 0 and r["rss_bytes"] > 10e6 for r in reports + [wm["one"]])
+    # the workers found the env's modules imported by the server (a spawned worker imports them itself)
+    assert all(r["modules_imported"] < 10 for r in reports + [wm["one"], wm["bare"]])
+    # one server, measured at each measurement, and stopped afterwards
+    pid = wm["server_alone"]["pid"]
+    assert wm["bare_server"]["pid"] == wm["one_server"]["pid"] == wm["many"]["server"]["pid"] == pid
+    assert not os.path.exists(f"/proc/{pid}/stat") or bench_mod._ppid(pid) != os.getpid()
+    assert "worker memory (2 processes at once forked from one forkserver" in text
+    if wm["measure"] != "pss":  # /proc/PID/smaps_rollup not readable: RSS only
+        assert wm["rss_total_over_one"] > 0 and "RSS counts shared pages" in text
+        pytest.skip("/proc/PID/smaps_rollup is not readable: PSS is not measured")
+    one, one_server, many_server = wm["one"]["pss_bytes"], wm["one_server"]["pss_bytes"], wm["many"]["server"]["pss_bytes"]
+    assert 0 < wm["server_alone"]["uss_bytes"] <= wm["server_alone"]["pss_bytes"] <= wm["server_alone"]["rss_bytes"]
+    assert 0 < one_server and 0 < many_server and 0 < wm["one"]["uss_bytes"] <= one <= wm["one"]["rss_bytes"]
+    # the totals are the server's PSS plus the workers' PSS, read together
+    assert wm["many"]["pss_sum_bytes"] == sum(r["pss_bytes"] for r in reports)
+    assert wm["one_total_pss_bytes"] == one_server + one
+    assert wm["many_total_pss_bytes"] == many_server + wm["many"]["pss_sum_bytes"]
+    assert wm["bare_total_pss_bytes"] == wm["bare_server"]["pss_bytes"] + wm["bare"]["pss_bytes"]
+    assert wm["total_pss_over_one"] == pytest.approx(wm["many_total_pss_bytes"] / wm["one_total_pss_bytes"], rel=1e-12)
+    assert wm["added_pss_per_worker_bytes"] == pytest.approx(wm["many_total_pss_bytes"] - wm["one_total_pss_bytes"], rel=1e-12)
+    mb = 1e6
+    (server,) = _printed(text, r"forkserver alone\s+RSS\s+\d+ MB, PSS\s+(\d+) MB")
+    assert server == round(wm["server_alone"]["pss_bytes"] / mb)
+    (pss, server, total) = _printed(text, r"  1 worker\s+RSS\s+\d+ MB, PSS\s+(\d+) MB, USS\s+\d+ MB;  "
+                                          r"\+ server PSS (\d+) MB = total PSS (\d+) MB")
+    assert (pss, server, total) == (round(one / mb), round(one_server / mb), round(wm["one_total_pss_bytes"] / mb))
+    (pss, server, total) = _printed(text, r"  2 workers, sums\s+RSS\s+\d+ MB, PSS\s+(\d+) MB, USS\s+\d+ MB;  "
+                                          r"\+ server PSS (\d+) MB = total PSS (\d+) MB")
+    assert (pss, server, total) == (round(wm["many"]["pss_sum_bytes"] / mb), round(many_server / mb),
+                                    round(wm["many_total_pss_bytes"] / mb))
+    (ratio, added) = _printed(text, r"total PSS with 2 / total PSS with 1 = ([\d.]+)x; each extra worker adds ([\d.]+) MB PSS")
+    assert (ratio, added) == (round(wm["total_pss_over_one"], 2), round(wm["added_pss_per_worker_bytes"] / mb, 1))
+
+
 # ---------------------------------------------------------------- Lucene (pyserini) baseline
 
 #: Runs the real server file with a stand-in engine: an in-memory index that scores a passage by the

@@ -33,6 +33,10 @@ their RSS, PSS and USS (``/proc/PID/smaps_rollup``) while all are alive; one wor
 alone and an idle interpreter with the imports are measured the same way. The figure
 compared is the PSS sum of the W workers over the PSS of one worker alone (PSS divides
 each shared page among the processes that map it, so the sum is what they use together).
+``--start-method forkserver`` forks the workers instead from one forkserver that has
+imported the workers' modules once (:data:`FORKSERVER_PRELOAD`); the same server serves
+the idle, one-worker and W-worker measurements, its PSS is read at each of them while the
+workers are alive, and the totals compared are the server's PSS plus the workers' PSS.
 
 ``--scale wiki18`` streams a corpus in the wiki-18 file format (21,015,324 passages
 of about 80-100 words unless ``--passages`` says otherwise) to the cache, builds its
@@ -138,9 +142,17 @@ def _build_timed(store, params, target: Path) -> dict:
     return result
 
 
+#: The modules a worker imports (its own, the env's and what making the env imports), which
+#: ``--start-method forkserver`` has the forkserver import once; a missing optional one
+#: (the forkserver skips a module that fails to import) is then imported by each worker.
+FORKSERVER_PRELOAD = ("numpy", "Stemmer", "bm25s.stopwords", "twice_envs.envs.searchqa.env",
+                      "twice_envs.envs.searchqa.bench")
+
+
 def _worker(conn, env_kwargs: dict, queries: list, k: int, load: bool) -> None:
     """A worker process (see :func:`_run_workers`): make the env, answer the queries, report, wait for the parent."""
     try:
+        modules_at_start = len(sys.modules)
         import twice_envs
         import twice_envs.envs.searchqa.env  # noqa: F401  (the imports count in every worker)
 
@@ -155,6 +167,7 @@ def _worker(conn, env_kwargs: dict, queries: list, k: int, load: bool) -> None:
             t0 = time.perf_counter()
             out["hits"] = sum(len(retriever.search(q, k)[0]) for q in queries)
             out["queries_s"] = time.perf_counter() - t0
+        out["modules_imported"] = len(sys.modules) - modules_at_start  # by the worker itself, not found loaded
         conn.send(out)
     except BaseException as exc:  # the parent reports it
         conn.send({"error": f"{type(exc).__name__}: {exc}"})
@@ -162,15 +175,33 @@ def _worker(conn, env_kwargs: dict, queries: list, k: int, load: bool) -> None:
     conn.recv()  # stay alive (and mapped) until the parent has measured every worker
 
 
-def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = True) -> dict:
-    """Start ``w`` worker processes (spawn) at once; when all have made the env and answered
-    the queries, read their memory together (RSS, PSS, USS), then let them exit."""
+def _ppid(pid: int) -> int | None:
+    """The parent's pid of a process (``/proc/PID/stat``), or None where it is not readable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = True,
+                 start_method: str = "spawn") -> dict:
+    """Start ``w`` worker processes (spawn, or forked by the forkserver) at once; when all have
+    made the env and answered the queries, read their memory together (RSS, PSS, USS) and,
+    with the forkserver, the server's at the same time, then let them exit."""
     import multiprocessing
 
     from twice_envs._procmem import memory
 
-    ctx = multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context(start_method)
     procs, conns = [], []
+    server = None
     try:
         for _ in range(w):
             parent, child = ctx.Pipe()
@@ -190,6 +221,12 @@ def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = T
             reports.append(r)
         for p, r in zip(procs, reports):  # every worker is alive, loaded and has searched
             r.update(memory(p.pid))
+        if start_method == "forkserver":  # the server, while its children are alive (it shares pages with them)
+            pid = _forkserver_pid()
+            parents = {_ppid(p.pid) for p in procs}
+            if pid is None or parents - {None} - {pid}:
+                raise SystemExit(f"the forkserver's pid is unknown (the workers' parents: {sorted(parents - {None})})")
+            server = {"pid": pid, **memory(pid)}
     finally:
         for c in conns:
             try:
@@ -207,25 +244,77 @@ def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = T
         out["uss_sum_bytes"] = sum(r["uss_bytes"] for r in reports)
     else:
         out["note"] = next(r["note"] for r in reports if "note" in r)
+    if server is not None:
+        out["server"] = server
+        out["rss_total_bytes"] = server["rss_bytes"] + out["rss_sum_bytes"]
+        if "pss_sum_bytes" in out and "pss_bytes" in server:
+            out["pss_total_bytes"] = server["pss_bytes"] + out["pss_sum_bytes"]
     return out
 
 
-def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int) -> dict:
-    """Memory of an idle interpreter with the imports, of one worker alone, and of ``w`` workers at once."""
-    bare = _run_workers(1, env_kwargs, queries, k, load=False)
-    one = _run_workers(1, env_kwargs, queries, k)
-    many = _run_workers(w, env_kwargs, queries, k)
-    mem: dict = {"workers": w, "queries": len(queries), "bare": bare["reports"][0], "one": one["reports"][0], "many": many}
-    if "pss_sum_bytes" in many and "pss_bytes" in mem["one"]:
-        one_pss = mem["one"]["pss_bytes"]
+def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method: str = "spawn") -> dict:
+    """Memory of an idle interpreter with the imports, of one worker alone, and of ``w`` workers at once.
+
+    With ``start_method="forkserver"``, one forkserver (started here, with the workers' modules
+    preloaded, and stopped at the end) forks the workers of all three measurements; each total
+    is the server's PSS read at that measurement plus its workers' PSS."""
+    if start_method != "forkserver":
+        bare = _run_workers(1, env_kwargs, queries, k, load=False)
+        one = _run_workers(1, env_kwargs, queries, k)
+        many = _run_workers(w, env_kwargs, queries, k)
+        mem: dict = {"workers": w, "queries": len(queries), "start_method": "spawn",
+                     "bare": bare["reports"][0], "one": one["reports"][0], "many": many}
+        if "pss_sum_bytes" in many and "pss_bytes" in mem["one"]:
+            one_pss = mem["one"]["pss_bytes"]
+            mem["measure"] = "pss"
+            mem["pss_sum_over_one"] = many["pss_sum_bytes"] / one_pss
+            mem["added_pss_per_worker_bytes"] = (many["pss_sum_bytes"] - one_pss) / max(1, w - 1)
+        else:  # RSS counts every shared page in every process: an upper bound
+            mem["measure"] = "rss"
+            mem["note"] = many.get("note") or mem["one"].get("note")
+            mem["rss_sum_over_one"] = many["rss_sum_bytes"] / mem["one"]["rss_bytes"]
+            mem["added_rss_per_worker_bytes"] = (many["rss_sum_bytes"] - mem["one"]["rss_bytes"]) / max(1, w - 1)
+        return mem
+
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    from twice_envs._procmem import memory
+
+    ctx = multiprocessing.get_context("forkserver")
+    fs = forkserver._forkserver
+    saved = list(fs._preload_modules)
+    fs._stop()  # a server already running may have other modules loaded: start a fresh one
+    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    try:
+        forkserver.ensure_running()
+        pid = _forkserver_pid()
+        # the first fork waits until the server has imported its modules; once that worker has
+        # exited, the server is measured idle, with no workers
+        bare = _run_workers(1, env_kwargs, queries, k, load=False, start_method="forkserver")
+        server_alone = {"pid": pid, **memory(pid)}
+        one = _run_workers(1, env_kwargs, queries, k, start_method="forkserver")
+        many = _run_workers(w, env_kwargs, queries, k, start_method="forkserver")
+    finally:
+        fs._stop()
+        ctx.set_forkserver_preload(saved)
+    if not bare["server"]["pid"] == one["server"]["pid"] == many["server"]["pid"] == pid:
+        raise SystemExit("the forkserver was restarted between the worker-memory measurements")
+    mem = {"workers": w, "queries": len(queries), "start_method": "forkserver", "preload": list(FORKSERVER_PRELOAD),
+           "server_alone": server_alone, "bare": bare["reports"][0], "bare_server": bare["server"],
+           "one": one["reports"][0], "one_server": one["server"], "many": many}
+    if "pss_total_bytes" in many and "pss_total_bytes" in one:
         mem["measure"] = "pss"
-        mem["pss_sum_over_one"] = many["pss_sum_bytes"] / one_pss
-        mem["added_pss_per_worker_bytes"] = (many["pss_sum_bytes"] - one_pss) / max(1, w - 1)
+        mem["bare_total_pss_bytes"] = bare.get("pss_total_bytes")
+        mem["one_total_pss_bytes"] = one_total = one["pss_total_bytes"]
+        mem["many_total_pss_bytes"] = many["pss_total_bytes"]
+        mem["total_pss_over_one"] = many["pss_total_bytes"] / one_total
+        mem["added_pss_per_worker_bytes"] = (many["pss_total_bytes"] - one_total) / max(1, w - 1)
     else:  # RSS counts every shared page in every process: an upper bound
         mem["measure"] = "rss"
-        mem["note"] = many.get("note") or mem["one"].get("note")
-        mem["rss_sum_over_one"] = many["rss_sum_bytes"] / mem["one"]["rss_bytes"]
-        mem["added_rss_per_worker_bytes"] = (many["rss_sum_bytes"] - mem["one"]["rss_bytes"]) / max(1, w - 1)
+        mem["note"] = many.get("note") or one.get("note") or server_alone.get("note")
+        mem["rss_total_over_one"] = many["rss_total_bytes"] / one["rss_total_bytes"]
+        mem["added_rss_per_worker_bytes"] = (many["rss_total_bytes"] - one["rss_total_bytes"]) / max(1, w - 1)
     return mem
 
 
@@ -370,6 +459,32 @@ def _lucene_start(python: str, corpus, tok, params, work: Path, fig: dict) -> Lu
     return server
 
 
+def _print_forkserver_memory(wm: dict) -> None:
+    """The worker-memory lines of ``--start-method forkserver``."""
+    mb = 1e6
+    w, one, many, bare, alone = wm["workers"], wm["one"], wm["many"], wm["bare"], wm["server_alone"]
+    print(f"worker memory ({w} processes at once forked from one forkserver, each makes SearchQA-v0 and answers the "
+          f"{wm['queries']} queries; the server preloads {', '.join(wm['preload'])}; the same server for every line)")
+    if wm["measure"] == "pss":
+        one_s, many_s = wm["one_server"], many["server"]
+        print(f"  forkserver alone        RSS {alone['rss_bytes'] / mb:6.0f} MB, PSS {alone['pss_bytes'] / mb:6.0f} MB, "
+              f"USS {alone['uss_bytes'] / mb:6.0f} MB   (with one idle forked worker: server PSS "
+              f"{wm['bare_server']['pss_bytes'] / mb:.0f} MB + worker PSS {bare['pss_bytes'] / mb:.0f} MB, "
+              f"USS {bare['uss_bytes'] / mb:.0f} MB)")
+        print(f"  1 worker                RSS {one['rss_bytes'] / mb:6.0f} MB, PSS {one['pss_bytes'] / mb:6.0f} MB, "
+              f"USS {one['uss_bytes'] / mb:6.0f} MB;  + server PSS {one_s['pss_bytes'] / mb:.0f} MB "
+              f"= total PSS {wm['one_total_pss_bytes'] / mb:.0f} MB")
+        print(f"  {w} workers, sums        RSS {many['rss_sum_bytes'] / mb:6.0f} MB, PSS {many['pss_sum_bytes'] / mb:6.0f} MB, "
+              f"USS {many['uss_sum_bytes'] / mb:6.0f} MB;  + server PSS {many_s['pss_bytes'] / mb:.0f} MB "
+              f"= total PSS {wm['many_total_pss_bytes'] / mb:.0f} MB")
+        print(f"  total PSS with {w} / total PSS with 1 = {wm['total_pss_over_one']:.2f}x; each extra worker adds "
+              f"{wm['added_pss_per_worker_bytes'] / mb:.1f} MB PSS")
+    else:
+        print(f"  1 worker + server RSS {wm['one_server']['rss_bytes'] / mb + one['rss_bytes'] / mb:.0f} MB; {w} workers + "
+              f"server RSS {many['rss_total_bytes'] / mb:.0f} MB = {wm['rss_total_over_one']:.2f}x "
+              f"(RSS counts shared pages in every process; {wm['note']})")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="twice bench searchqa", description=__doc__.splitlines()[0])
     parser.add_argument("--passages", type=int, default=None,
@@ -391,6 +506,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--skip-lucene", action="store_true", help="do not time Lucene even where its python is given")
     parser.add_argument("--workers", type=int, default=8,
                         help="worker processes for the memory figure (each makes the env and answers the queries; 0 skips)")
+    parser.add_argument("--start-method", choices=("spawn", "forkserver"), default="spawn",
+                        help="how the worker processes start: spawn (a fresh interpreter each) or forkserver "
+                             "(forked from one server that has imported the workers' modules; its PSS is counted)")
     parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
     args = parser.parse_args(list(argv or []))
 
@@ -645,7 +763,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del env, res, rix, mem, ix, corpus
         resources.clear()
         gc.collect()
-        fig["worker_memory"] = _worker_memory(args.workers, env_kwargs, qs, k)
+        fig["worker_memory"] = _worker_memory(args.workers, env_kwargs, qs, k, args.start_method)
 
     per_passage = fig["index_disk_bytes"] / n
     fig["index_bytes_per_passage"] = per_passage
@@ -705,18 +823,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "worker_memory" in fig:
         wm = fig["worker_memory"]
         w, one, many, bare = wm["workers"], wm["one"], wm["many"], wm["bare"]
-        print(f"worker memory ({w} spawned processes at once, each makes SearchQA-v0 and answers the {wm['queries']} queries)")
-        if wm["measure"] == "pss":
-            print(f"  1 worker alone          RSS {one['rss_bytes'] / mb:6.0f} MB, PSS {one['pss_bytes'] / mb:6.0f} MB, "
-                  f"USS {one['uss_bytes'] / mb:6.0f} MB   (idle interpreter with the imports: PSS {bare['pss_bytes'] / mb:.0f} MB, "
-                  f"USS {bare['uss_bytes'] / mb:.0f} MB)")
-            print(f"  {w} workers, sums        RSS {many['rss_sum_bytes'] / mb:6.0f} MB, PSS {many['pss_sum_bytes'] / mb:6.0f} MB, "
-                  f"USS {many['uss_sum_bytes'] / mb:6.0f} MB")
-            print(f"  PSS sum of {w} / PSS of 1 = {wm['pss_sum_over_one']:.2f}x; each extra worker adds "
-                  f"{wm['added_pss_per_worker_bytes'] / mb:.1f} MB PSS")
+        if wm["start_method"] == "forkserver":
+            _print_forkserver_memory(wm)
         else:
-            print(f"  1 worker RSS {one['rss_bytes'] / mb:.0f} MB; {w} workers RSS sum {many['rss_sum_bytes'] / mb:.0f} MB = "
-                  f"{wm['rss_sum_over_one']:.2f}x (RSS counts shared pages in every process; {wm['note']})")
+            print(f"worker memory ({w} spawned processes at once, each makes SearchQA-v0 and answers the {wm['queries']} queries)")
+            if wm["measure"] == "pss":
+                print(f"  1 worker alone          RSS {one['rss_bytes'] / mb:6.0f} MB, PSS {one['pss_bytes'] / mb:6.0f} MB, "
+                      f"USS {one['uss_bytes'] / mb:6.0f} MB   (idle interpreter with the imports: PSS {bare['pss_bytes'] / mb:.0f} MB, "
+                      f"USS {bare['uss_bytes'] / mb:.0f} MB)")
+                print(f"  {w} workers, sums        RSS {many['rss_sum_bytes'] / mb:6.0f} MB, PSS {many['pss_sum_bytes'] / mb:6.0f} MB, "
+                      f"USS {many['uss_sum_bytes'] / mb:6.0f} MB")
+                print(f"  PSS sum of {w} / PSS of 1 = {wm['pss_sum_over_one']:.2f}x; each extra worker adds "
+                      f"{wm['added_pss_per_worker_bytes'] / mb:.1f} MB PSS")
+            else:
+                print(f"  1 worker RSS {one['rss_bytes'] / mb:.0f} MB; {w} workers RSS sum {many['rss_sum_bytes'] / mb:.0f} MB = "
+                      f"{wm['rss_sum_over_one']:.2f}x (RSS counts shared pages in every process; {wm['note']})")
     print(f"at this density, {WIKI18_PASSAGES:,} passages (wiki-18) -> "
           f"{fig['wiki18_index_gb_at_this_density']:.1f} GB of index on disk")
     if args.json:
