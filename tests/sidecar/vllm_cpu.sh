@@ -66,7 +66,7 @@ status=0
     tests/agents/test_vllm_integration.py "$@" || status=$?
 
 # Other releases, import only (0.24: the one verl 0.9.1 pins): their Python sources, from the vllm
-# wheel on PyPI (about 300 MB each, kept under $VENVS/vllm-src), on this venv's path, to check the
+# published wheel (about 300 MB each, kept under $VENVS/vllm-src), on this venv's path, to check the
 # symbols the processors use and the loaders' type checks. No engine runs (the wheels are CUDA builds).
 READ_RELEASES=${TWICE_VLLM_READ_RELEASES-"0.24.0 0.33.0 0.34.0"}
 PY_VER=$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
