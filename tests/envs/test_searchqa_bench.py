@@ -398,3 +398,19 @@ def test_bench_lucene_baseline(tmp_path, monkeypatch, capsys):
                      "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--workers", "0", "--lucene-python", python)
     _check_common(text, fig)
     _check_lucene(text, fig, real=True)
+
+
+def test_a_generated_corpus_too_large_to_name_says_so_and_points_to_the_wiki18_format(monkeypatch):
+    from twice_envs.envs.searchqa import bench, corpus_gen
+
+    names = corpus_gen._Names(corpus_gen.Rng(0))
+    names.unique(lambda: "Ba")
+    with pytest.raises(RuntimeError, match="name space exhausted after 1 distinct names.*wiki-18"):
+        names.unique(lambda: "Ba")  # every new name collides: the space is exhausted
+
+    def exhausted(*a, **k):
+        names.unique(lambda: "Ba")
+
+    monkeypatch.setattr(corpus_gen, "write_generated", exhausted)
+    with pytest.raises(SystemExit, match=r"--passages 5,000,000: name space exhausted.*--scale wiki18 --passages 5000000"):
+        bench.main(["--passages", "5000000", "--skip-baseline", "--skip-bm25s", "--workers", "0"])

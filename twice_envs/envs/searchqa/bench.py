@@ -547,7 +547,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from twice_envs.envs.searchqa.corpus_gen import GENERATOR_VERSION, config_for_passages, write_generated
 
         gen = config_for_passages(passages, num_train=max(200, n_q), num_dev=50, num_test=50)
-        paths = write_generated(gen, cache_dir("searchqa", "generated") / f"g{GENERATOR_VERSION}-{gen.digest()[:16]}")
+        try:
+            paths = write_generated(gen, cache_dir("searchqa", "generated") / f"g{GENERATOR_VERSION}-{gen.digest()[:16]}")
+        except RuntimeError as exc:  # the generated corpus's names run out in the millions of passages
+            raise SystemExit(f"--passages {passages:,}: {exc}. `--scale wiki18 --passages {passages}` streams a "
+                             "corpus of that size in the wiki-18 format") from None
         env_kwargs["generator"] = {"seed": gen.seed, "num_entities": gen.num_entities, "num_train": gen.num_train,
                                    "num_dev": gen.num_dev, "num_test": gen.num_test}
         queries = []

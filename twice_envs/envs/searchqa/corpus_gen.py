@@ -318,7 +318,9 @@ class _Names:
             if n not in self.used:
                 self.used[n] = True
                 return n
-        raise RuntimeError("name space exhausted; use fewer entities")
+        raise RuntimeError(f"name space exhausted after {len(self.used):,} distinct names: the generator cannot "
+                           "name this many entities; use fewer (the wiki-18-format corpus, write_wiki18, has no "
+                           "such limit)")
 
     def claim(self, name: str) -> bool:
         if name in self.used:
