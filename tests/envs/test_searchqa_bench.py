@@ -138,18 +138,24 @@ def test_bench_worker_memory_and_tantivy_baseline(tmp_path, monkeypatch, capsys)
 
 
 
-def test_bench_worker_memory_forkserver_counts_the_server(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("preload", ["env", "imports"])
+def test_bench_worker_memory_forkserver_counts_the_server(tmp_path, monkeypatch, capsys, preload):
     import multiprocessing
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
         pytest.skip("no forkserver start method on this platform")
     text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "2000", "--queries", "20", "--reps", "5", "--rounds", "1",
                      "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--skip-lucene", "--workers", "2",
-                     "--start-method", "forkserver")
+                     "--start-method", "forkserver", "--forkserver-preload", preload)
     wm = fig["worker_memory"]
     assert wm["start_method"] == "forkserver" and wm["workers"] == 2 and wm["many"]["workers"] == 2
-    assert list(wm["preload"]) == list(bench_mod.FORKSERVER_PRELOAD)
+    assert list(wm["preload"])[: len(bench_mod.FORKSERVER_PRELOAD)] == list(bench_mod.FORKSERVER_PRELOAD)
     reports = wm["many"]["reports"]
+    # with the env preloaded, every worker (and the idle one) finds the index and questions loaded by the server
+    assert all(bool(r["resources_cached"]) == (preload == "env") for r in reports + [wm["one"], wm["bare"]])
+    from twice_envs.workers import ENV_VAR
+
+    assert ENV_VAR not in os.environ  # the bench leaves no preload behind
     assert len(reports) == 2 and all(r["hits"] > 0 and r["rss_bytes"] > 10e6 for r in reports + [wm["one"]])
     # the workers found the env's modules imported by the server (a spawned worker imports them itself)
     assert all(r["modules_imported"] < 10 for r in reports + [wm["one"], wm["bare"]])

@@ -34,7 +34,10 @@ alone and an idle interpreter with the imports are measured the same way. The fi
 compared is the PSS sum of the W workers over the PSS of one worker alone (PSS divides
 each shared page among the processes that map it, so the sum is what they use together).
 ``--start-method forkserver`` forks the workers instead from one forkserver that has
-imported the workers' modules once (:data:`FORKSERVER_PRELOAD`); the same server serves
+imported the workers' modules once (:data:`FORKSERVER_PRELOAD`) and, with
+``--forkserver-preload env`` (the default), made the env once and frozen its heap
+(:func:`twice_envs.workers.preload_forkserver`), so that every worker finds the index,
+passage store and questions loaded; ``--forkserver-preload imports`` only imports. The same server serves
 the idle, one-worker and W-worker measurements, its PSS is read at each of them while the
 workers are alive, and the totals compared are the server's PSS plus the workers' PSS.
 
@@ -157,7 +160,9 @@ def _worker(conn, env_kwargs: dict, queries: list, k: int, load: bool) -> None:
         import twice_envs
         import twice_envs.envs.searchqa.env  # noqa: F401  (the imports count in every worker)
 
-        out: dict = {}
+        from twice_envs.envs.searchqa import resources
+
+        out: dict = {"resources_cached": len(resources._CACHE)}  # found loaded (a preloading forkserver's)
         if load:
             t0 = time.perf_counter()
             env = twice_envs.make("SearchQA-v0", **env_kwargs)
@@ -253,11 +258,12 @@ def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = T
     return out
 
 
-def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method: str = "spawn") -> dict:
+def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method: str = "spawn",
+                   preload_env: bool = True) -> dict:
     """Memory of an idle interpreter with the imports, of one worker alone, and of ``w`` workers at once.
 
     With ``start_method="forkserver"``, one forkserver (started here, with the workers' modules
-    preloaded, and stopped at the end) forks the workers of all three measurements; each total
+    preloaded and, with ``preload_env``, the env made once; stopped at the end) forks the workers of all three measurements; each total
     is the server's PSS read at that measurement plus its workers' PSS."""
     if start_method != "forkserver":
         bare = _run_workers(1, env_kwargs, queries, k, load=False)
@@ -282,11 +288,17 @@ def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method
 
     from twice_envs._procmem import memory
 
+    from twice_envs.workers import ENV_VAR, preload_forkserver, stop_forkserver
+
     ctx = multiprocessing.get_context("forkserver")
     fs = forkserver._forkserver
     saved = list(fs._preload_modules)
-    fs._stop()  # a server already running may have other modules loaded: start a fresh one
-    ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
+    saved_env = os.environ.get(ENV_VAR)
+    if preload_env:  # restarts a running server, so the new one reads these specs
+        preload_forkserver([("SearchQA-v0", env_kwargs)], modules=FORKSERVER_PRELOAD)
+    else:
+        stop_forkserver()  # a server already running may have other modules loaded: start a fresh one
+        ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     try:
         forkserver.ensure_running()
         pid = _forkserver_pid()
@@ -297,11 +309,16 @@ def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method
         one = _run_workers(1, env_kwargs, queries, k, start_method="forkserver")
         many = _run_workers(w, env_kwargs, queries, k, start_method="forkserver")
     finally:
-        fs._stop()
+        stop_forkserver()
         ctx.set_forkserver_preload(saved)
+        if saved_env is None:
+            os.environ.pop(ENV_VAR, None)
+        else:
+            os.environ[ENV_VAR] = saved_env
     if not bare["server"]["pid"] == one["server"]["pid"] == many["server"]["pid"] == pid:
         raise SystemExit("the forkserver was restarted between the worker-memory measurements")
-    mem = {"workers": w, "queries": len(queries), "start_method": "forkserver", "preload": list(FORKSERVER_PRELOAD),
+    mem = {"workers": w, "queries": len(queries), "start_method": "forkserver",
+           "preload": list(FORKSERVER_PRELOAD) + (["SearchQA-v0 made once, heap frozen"] if preload_env else []),
            "server_alone": server_alone, "bare": bare["reports"][0], "bare_server": bare["server"],
            "one": one["reports"][0], "one_server": one["server"], "many": many}
     if "pss_total_bytes" in many and "pss_total_bytes" in one:
@@ -510,6 +527,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--start-method", choices=("spawn", "forkserver"), default="spawn",
                         help="how the worker processes start: spawn (a fresh interpreter each) or forkserver "
                              "(forked from one server that has imported the workers' modules; its PSS is counted)")
+    parser.add_argument("--forkserver-preload", choices=("env", "imports"), default="env",
+                        help="with --start-method forkserver: what the server loads before it forks the workers: env "
+                             "(imports, makes the env once and freezes its heap: twice_envs.workers.preload_forkserver) "
+                             "or imports (the modules only)")
     parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
     args = parser.parse_args(list(argv or []))
 
@@ -768,7 +789,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         del env, res, rix, mem, ix, corpus
         resources.clear()
         gc.collect()
-        fig["worker_memory"] = _worker_memory(args.workers, env_kwargs, qs, k, args.start_method)
+        fig["worker_memory"] = _worker_memory(args.workers, env_kwargs, qs, k, args.start_method,
+                                              preload_env=args.forkserver_preload == "env")
 
     per_passage = fig["index_disk_bytes"] / n
     fig["index_bytes_per_passage"] = per_passage
