@@ -154,6 +154,14 @@ def test_figures_and_verdict_from_samples():
     assert not fig["fds_flat"] and fig["threads_flat"]
     assert verdict(fig, 5.0) == {"rss": True, "fds": False, "threads": True, "os_threads": True}
     assert verdict(fig, 1.0)["rss"] is False
+    assert "journal_growth_mb" not in fig  # samples without journal figures
+    # the journals' memory layers grew by 1.5 MB of the 2 MB: 0.5 MB (0.5%) beside them
+    for p, j in zip(pts, (0, 1e6, 2e6, 2.5e6)):
+        p["journal_bytes"] = j
+    fig = figures(pts, warmup=100)
+    assert fig["journal_growth_mb"] == pytest.approx(1.5) and fig["rss_growth_beside_journals_mb"] == pytest.approx(0.5)
+    assert fig["rss_growth_beside_journals_pct"] == pytest.approx(0.5)
+    assert verdict(fig, 1.0)["rss"] is False  # the verdict counts the whole RSS
 
 
 def test_cli_writes_the_json_and_prints_the_verdict(tmp_path, capsys):
@@ -162,6 +170,8 @@ def test_cli_writes_the_json_and_prints_the_verdict(tmp_path, capsys):
     text = capsys.readouterr().out
     data = json.loads(out.read_text())
     assert "verdict:" in text and "RSS" in text
+    assert all("journal_bytes" in p for p in data["samples"])
+    assert "the journals' memory layers grew by" in text
     assert data["steps"] == 300 and data["forks"] == 30 and len(data["samples"]) == 5
     assert rc == (0 if all(data["verdict"].values()) else 1)
     from twice_envs.cli import BENCHES

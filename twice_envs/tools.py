@@ -23,8 +23,9 @@ never calls the tool: a missing key raises :class:`JournalMiss` (use it with the
 network off).
 
 The memory layer is capped in bytes (``memory_bytes``, default
-:data:`DEFAULT_MEMORY_BYTES`, 32 MiB): each result counts the lengths of its key and
-its JSON text plus :data:`ENTRY_OVERHEAD` bytes, close to what the process really
+:data:`DEFAULT_MEMORY_BYTES`, 32 MiB). It keeps each result compactly, keyed by the
+32-byte digest of the call, with its JSON text encoded as UTF-8 bytes; each counts the
+lengths of both plus :data:`ENTRY_OVERHEAD` bytes, close to what the process really
 allocates for it, and the least recently used results are dropped past the cap. A
 dropped result is read back from the file, or computed again by a memory-only
 journal; so keep a nondeterministic tool behind a writable file journal, whose file
@@ -74,12 +75,13 @@ BUSY_SECONDS = 60.0
 #: Default byte cap of a journal's memory layer. The layer only has to hold the working set
 #: of forks, twins and replays (a training batch's searches: a few thousand results), since
 #: the file, or the tool itself for a memory-only journal, serves the rest. 32 MiB holds
-#: about 110,000 SearchQA results (about 290 bytes each) or 10,000 results of a tool that
+#: about 139,000 SearchQA results (about 240 bytes each) or 10,000 results of a tool that
 #: returns passages (3 KB), and keeps 32 workers on one machine within 1 GiB.
 DEFAULT_MEMORY_BYTES = 32 << 20
-#: Bytes accounted per memory entry besides the lengths of its key and text: the two string
-#: headers and the ordered dict's slot and link (measured with tracemalloc: 190 bytes).
-ENTRY_OVERHEAD = 200
+#: Bytes accounted per memory entry besides the lengths of its key (the 32-byte digest) and
+#: its UTF-8 text: the two ``bytes`` headers and the ordered dict's slot and link (measured
+#: with tracemalloc on Python 3.11: 141 bytes).
+ENTRY_OVERHEAD = 144
 
 
 class JournalMiss(TwiceError, KeyError):
@@ -151,7 +153,8 @@ class Journal:
         self.readonly = bool(readonly)
         self.memory_bytes = _limit(memory_bytes, "memory_bytes")
         self.memory_items = None if memory_items is None else _limit(memory_items, "memory_items")
-        self._mem: "OrderedDict[str, str]" = OrderedDict()
+        # key: the call's sha256 digest (32 bytes); value: its JSON text, UTF-8 encoded
+        self._mem: "OrderedDict[bytes, bytes]" = OrderedDict()
         self._mem_bytes = 0
         self._lock = threading.RLock()
         self._conn: Optional[sqlite3.Connection] = None
@@ -238,19 +241,20 @@ class Journal:
         db = self._db()
         return _retry_busy(self.path, lambda: db.execute(sql, params).fetchall())
 
-    def _decode(self, text: str, key: str) -> Any:
+    def _decode(self, text: str | bytes, key: str) -> Any:
         try:
             return json.loads(text)
         except (ValueError, RecursionError):
             raise JournalError(self.path, f"the stored result for key {key[:16]}... is not valid JSON (corrupt file)") from None
 
     def _remember(self, key: str, text: str) -> None:
-        old = self._mem.pop(key, None)
+        mkey, value = bytes.fromhex(key), text.encode()
+        old = self._mem.pop(mkey, None)
         if old is not None:
-            self._mem_bytes -= _entry_bytes(key, old)
-        size = _entry_bytes(key, text)
+            self._mem_bytes -= _entry_bytes(mkey, old)
+        size = _entry_bytes(mkey, value)
         if size <= self.memory_bytes:
-            self._mem[key] = text
+            self._mem[mkey] = value
             self._mem_bytes += size
         self._trim()
 
@@ -286,8 +290,9 @@ class Journal:
     def lookup(self, name: str, version: str, args: dict) -> tuple[bool, Any]:
         """``(True, result)`` if the call is journaled, else ``(False, None)``."""
         key = tool_key(name, version, args)
+        mkey = bytes.fromhex(key)
         with self._lock:
-            text = self._mem.get(key)
+            text = self._mem.get(mkey)
             if text is None:
                 if self._db() is not None:
                     rows = self._query("SELECT result, name, version FROM calls WHERE key=?", (key,))
@@ -298,7 +303,7 @@ class Journal:
                             raise JournalError(self.path, f"the stored result for key {key[:16]}... is not text (corrupt file)")
                         self._remember(key, text)
             else:
-                self._mem.move_to_end(key)
+                self._mem.move_to_end(mkey)
         if text is None:
             return False, None
         return True, self._decode(text, key)
@@ -367,8 +372,8 @@ def _limit(value: Any, name: str) -> int:
     return int(value)
 
 
-def _entry_bytes(key: str, text: str) -> int:
-    return len(key) + len(text) + ENTRY_OVERHEAD
+def _entry_bytes(key: bytes, value: bytes) -> int:
+    return len(key) + len(value) + ENTRY_OVERHEAD
 
 
 def _retry_busy(path: Optional[Path], fn: Callable[[], Any]) -> Any:
