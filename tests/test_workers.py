@@ -101,3 +101,15 @@ def test_a_spec_that_fails_in_the_server_is_reported_and_the_server_goes_on(caps
     assert done[1] == ("SearchQA-v0", None)
     assert "could not preload SearchQA-v0" in capsys.readouterr().err
     assert load_in_server({ENV_VAR: "{not json"}, freeze=False)[0][1].startswith(f"${ENV_VAR} is not valid")
+
+
+def test_an_async_vector_env_forks_its_workers_from_the_preloaded_server(fresh_server):
+    preload_forkserver(["SearchQA-v0"])
+    vec = twice_envs.make_vec("SearchQA-v0", 2, vectorization_mode="async", context="forkserver")
+    try:
+        obs, _ = vec.reset(seed=[1, 2])
+    finally:
+        vec.close()
+    assert forkserver_running()  # the workers came from the server
+    for seed, o in zip((1, 2), obs):
+        assert o == twice_envs.make("SearchQA-v0").reset(seed=seed)[0]

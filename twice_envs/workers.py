@@ -18,7 +18,7 @@ worker it forks then finds the resources loaded, and shares them copy-on-write::
     ctx = multiprocessing.get_context("forkserver")
     with ctx.Pool(8) as pool:                       # each worker's make() is a cache hit
         ...
-    # gymnasium: AsyncVectorEnv(env_fns, context="forkserver") uses the same server
+    # and twice_envs.make_vec(id, n, vectorization_mode="async", context="forkserver")
 
 What it measures (``twice bench searchqa --workers 8 --start-method forkserver``, see the
 scaling page): 8 workers on one 1M-passage index, each forked from a server that has made
