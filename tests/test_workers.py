@@ -82,6 +82,8 @@ def test_preload_refuses_bad_specs(fresh_server):
         preload_forkserver([("SearchQA-v0", {"corpus": object()})])
     with pytest.raises(TwiceError, match="spec 1 must be an env id or"):
         preload_forkserver(["SearchQA-v0", 7])
+    with pytest.raises(TwiceError, match="spec 0 must be an env id or"):
+        preload_forkserver([("SearchQA-v0",)])
 
 
 def test_restart_false_refuses_a_running_server(fresh_server):

@@ -66,8 +66,13 @@ def _specs(specs: Iterable[Any]) -> list:
 
     out = []
     for i, item in enumerate(specs):
-        env_id, kwargs = (item, {}) if isinstance(item, str) else tuple(item) if isinstance(item, (tuple, list)) else (None, None)
-        if env_id is None or not isinstance(env_id, str) or not isinstance(kwargs, dict):
+        if isinstance(item, str):
+            env_id, kwargs = item, {}
+        elif isinstance(item, (tuple, list)) and len(item) == 2:
+            env_id, kwargs = item
+        else:
+            env_id, kwargs = None, None
+        if not isinstance(env_id, str) or not isinstance(kwargs, dict):
             raise TwiceError(f"preload_forkserver: spec {i} must be an env id or (env id, kwargs dict), got {item!r}")
         if resolve_id(env_id) not in registry:
             raise TwiceError(f"preload_forkserver: spec {i} names {env_id!r}, which is not a registered env id")

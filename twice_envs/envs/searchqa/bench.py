@@ -263,8 +263,9 @@ def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method
     """Memory of an idle interpreter with the imports, of one worker alone, and of ``w`` workers at once.
 
     With ``start_method="forkserver"``, one forkserver (started here, with the workers' modules
-    preloaded and, with ``preload_env``, the env made once; stopped at the end) forks the workers of all three measurements; each total
-    is the server's PSS read at that measurement plus its workers' PSS."""
+    preloaded and, with ``preload_env``, the env made once; stopped at the end) forks the
+    workers of all three measurements; each total is the server's PSS read at that
+    measurement plus its workers' PSS."""
     if start_method != "forkserver":
         bare = _run_workers(1, env_kwargs, queries, k, load=False)
         one = _run_workers(1, env_kwargs, queries, k)
