@@ -58,7 +58,7 @@ ENV_VAR = "TWICE_FORKSERVER_PRELOAD"
 #: The module the forkserver imports last; importing it makes the envs and freezes the heap.
 HOOK_MODULE = "twice_envs._forkserver_hook"
 
-__all__ = ["ENV_VAR", "HOOK_MODULE", "forkserver_running", "preload_forkserver", "stop_forkserver"]
+__all__ = ["ENV_VAR", "HOOK_MODULE", "forkserver_pid", "forkserver_running", "preload_forkserver", "stop_forkserver"]
 
 
 def _specs(specs: Iterable[Any]) -> list:
@@ -85,9 +85,15 @@ def _specs(specs: Iterable[Any]) -> list:
     return out
 
 
+def forkserver_pid() -> int | None:
+    """The pid of this process's multiprocessing forkserver, None when none runs (read from
+    multiprocessing's own state, which is not public API)."""
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
 def forkserver_running() -> bool:
     """Whether this process's multiprocessing forkserver is running."""
-    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None) is not None
+    return forkserver_pid() is not None
 
 
 def stop_forkserver() -> None:

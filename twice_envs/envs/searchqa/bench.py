@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from twice_envs.envs.searchqa.corpus_gen import WIKI18_PASSAGES
+from twice_envs.workers import ENV_VAR, forkserver_pid, preload_forkserver, stop_forkserver
 
 #: The index build runs in a child process so that its peak memory is its own.
 _BUILD = r"""
@@ -159,7 +160,6 @@ def _worker(conn, env_kwargs: dict, queries: list, k: int, load: bool) -> None:
         modules_at_start = len(sys.modules)
         import twice_envs
         import twice_envs.envs.searchqa.env  # noqa: F401  (the imports count in every worker)
-
         from twice_envs.envs.searchqa import resources
 
         out: dict = {"resources_cached": len(resources._CACHE)}  # found loaded (a preloading forkserver's)
@@ -188,12 +188,6 @@ def _ppid(pid: int) -> int | None:
             return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, IndexError, ValueError):
         return None
-
-
-def _forkserver_pid() -> int | None:
-    from multiprocessing import forkserver
-
-    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
 
 
 def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = True,
@@ -228,7 +222,7 @@ def _run_workers(w: int, env_kwargs: dict, queries: list, k: int, load: bool = T
         for p, r in zip(procs, reports):  # every worker is alive, loaded and has searched
             r.update(memory(p.pid))
         if start_method == "forkserver":  # the server, while its children are alive (it shares pages with them)
-            pid = _forkserver_pid()
+            pid = forkserver_pid()
             parents = {_ppid(p.pid) for p in procs}
             if pid is None or parents - {None} - {pid}:
                 raise SystemExit(f"the forkserver's pid is unknown (the workers' parents: {sorted(parents - {None})})")
@@ -289,8 +283,6 @@ def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method
 
     from twice_envs._procmem import memory
 
-    from twice_envs.workers import ENV_VAR, preload_forkserver, stop_forkserver
-
     ctx = multiprocessing.get_context("forkserver")
     fs = forkserver._forkserver
     saved = list(fs._preload_modules)
@@ -302,7 +294,7 @@ def _worker_memory(w: int, env_kwargs: dict, queries: list, k: int, start_method
         ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))
     try:
         forkserver.ensure_running()
-        pid = _forkserver_pid()
+        pid = forkserver_pid()
         # the first fork waits until the server has imported its modules; once that worker has
         # exited, the server is measured idle, with no workers
         bare = _run_workers(1, env_kwargs, queries, k, load=False, start_method="forkserver")
