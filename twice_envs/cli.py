@@ -18,7 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "replay": ("twice_envs.play:replay_main", "re-run a saved trajectory file and report the first divergence"),
     "check": ("twice_envs.play:check_main", "run the contract checker on an env id"),
     "bench": ("twice_envs.cli:bench_main", "benchmarks (twice bench with no name lists them)"),
-    "models": ("twice_envs.agents.models.cli:models_main", "build or inspect models (build-tiny, smollm2)"),
+    "models": ("twice_envs.agents.models.cli:models_main", "build or inspect models (build-tiny, export, smollm2, info)"),
     "rollout": ("twice_envs.agents.cli.rollout:rollout_main", "run an agent on an env and save episodes"),
     "train": ("twice_envs.agents.cli.train:train_main", "train an agent with a registered credit method"),
     "eval": ("twice_envs.agents.cli.train:eval_main", "greedy evaluation of a checkpoint"),

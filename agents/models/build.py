@@ -129,14 +129,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(base), local_files_only=True)
         log(f"continuing from {base}")
     else:
-        texts = []
-        for first_obs, turns in episodes:
-            texts.append(first_obs)
-            for a, o in turns:
-                texts += [a, o]
-        if cfg.tokenizer_corpus:
-            texts += corpus_texts(envs)
-        tokenizer = train_tokenizer(texts, cfg.vocab_size, whole)
+        tokenizer = transcript_tokenizer(cfg, episodes, envs, whole)
     if cfg.relabel_episodes and saved is None:
 
         base_policy = HFPolicy.from_pretrained(base, device=dev)
@@ -165,19 +158,7 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
     if base is not None:
         model = transformers.LlamaForCausalLM.from_pretrained(str(base), local_files_only=True, dtype=torch.float32)
     else:
-        mcfg = transformers.LlamaConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=cfg.hidden_size,
-            intermediate_size=cfg.intermediate_size,
-            num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads,
-            num_key_value_heads=cfg.num_kv_heads,
-            max_position_embeddings=max(2048, cfg.max_len * 4),
-            tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            bos_token_id=None,
-        )
+        mcfg = llama_config(cfg, tokenizer)
         model = transformers.LlamaForCausalLM(mcfg)
         if cfg.embedding_std != mcfg.initializer_range:
             with torch.no_grad():
@@ -230,25 +211,62 @@ def build_tiny(out_dir: Optional[os.PathLike] = None, config: Optional[TinyModel
                   pad_id=tokenizer.pad_token_id, length_buckets=cfg.length_buckets, checkpoint=ckpt.phase("sft"))
     finally:
         torch.set_num_threads(threads_before)
+    meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "recipe_name": recipe, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
+            "train_tokens": n_tok, "seconds": round(time.time() - t0, 1), "device": str(dev)}
+    if adapter is not None:
+        meta["adapter"] = adapter
+    _save_model(model, tokenizer, meta, final)
+    log(f"saved to {final} ({time.time() - t0:.1f}s)")
+    return final
+
+
+def transcript_tokenizer(cfg: TinyModelConfig, episodes: list, envs: list, whole: list):
+    """The tokenizer a from-scratch recipe trains on its transcripts (and with
+    ``cfg.tokenizer_corpus`` the envs' corpora); ``whole``: tokens kept whole."""
+    texts = []
+    for first_obs, turns in episodes:
+        texts.append(first_obs)
+        for a, o in turns:
+            texts += [a, o]
+    if cfg.tokenizer_corpus:
+        texts += corpus_texts(envs)
+    return train_tokenizer(texts, cfg.vocab_size, whole)
+
+
+def llama_config(cfg: TinyModelConfig, tokenizer):
+    """The ``LlamaConfig`` of a from-scratch recipe's model over ``tokenizer``."""
+    transformers = require("transformers", "hf", "the tiny model")
+    return transformers.LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=max(2048, cfg.max_len * 4),
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+
+
+def _save_model(model, tokenizer, meta: dict, final: Path) -> None:
+    """Write a trained model into ``final`` atomically: its weights (with the adapters of an
+    adapted build, ``meta["adapter"]``, saved apart and merged in), tokenizer and ``twice_model.json``."""
     model.eval()
     model.to("cpu")
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
-    if adapter is not None:
+    if "adapter" in meta:
         from safetensors.torch import save_file
 
         save_file(lora.adapter_state(model), str(tmp / ADAPTER_FILE))
         lora.merge_adapters(model)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    meta = {"built_by": "twice models build-tiny", "recipe": TINY_RECIPE, "recipe_name": recipe, "config": asdict(cfg), "envs": per_env, "parameters": n_params,
-            "train_tokens": n_tok, "seconds": round(time.time() - t0, 1), "device": str(dev)}
-    if adapter is not None:
-        meta["adapter"] = adapter
     (tmp / "twice_model.json").write_text(json.dumps(meta, indent=1, default=list))
     publish_dir(tmp, final)
-    log(f"saved to {final} ({time.time() - t0:.1f}s)")
-    return final
 
 
 def recipe_build(recipe: str, *, progress: bool = True, device: str = "cpu", resume: bool = False) -> Path:

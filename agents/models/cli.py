@@ -1,4 +1,4 @@
-"""``twice models build-tiny | smollm2 | info``: build, check and inspect the agent's models."""
+"""``twice models build-tiny | export | smollm2 | info``: build, check and inspect the agent's models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from twice_envs.agents.models import build, quality, recipes, resume
+from twice_envs.agents.models import build, export, quality, recipes, resume
 from twice_envs.agents.models.dirs import SMOLLM2_NAME, models_dir
 from twice_envs.agents.models.gguf import convert_smollm2, smollm2_gguf
 from twice_envs.agents.sampling.devices import device_arg
@@ -45,7 +45,7 @@ def _check(args, cfg, parser) -> int:
 
 
 def models_main(argv: Sequence[str]) -> int:
-    """``twice models build-tiny | smollm2 | info``."""
+    """``twice models build-tiny | export | smollm2 | info``."""
     parser = argparse.ArgumentParser(prog="twice models", description="Build or inspect the agent's models.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build-tiny", help="build a tiny model from scripted transcripts (cached)")
@@ -74,6 +74,12 @@ def models_main(argv: Sequence[str]) -> int:
     b.add_argument("--questions", type=int, default=100, help="--check: SearchQA dev questions for EM (0: skip)")
     b.add_argument("--loss-tolerance", type=float, default=quality.QualityTolerance().loss,
                    help="--check: allowed loss increase in nats per turn token")
+    e = sub.add_parser("export", help="write the model of an unfinished build's last checkpoint, to evaluate it",
+                       description="Write the model an interrupted (or still running) build saved in its last "
+                                   "checkpoint, DIR/checkpoint, as a model folder OUT; the checkpoint is not changed "
+                                   "and the build continues from it with --resume DIR.")
+    e.add_argument("dir", metavar="DIR", help="the build's output folder (the one given to --resume)")
+    e.add_argument("--out", required=True, metavar="OUT", help="the model folder to write (replaced if present)")
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
     sub.add_parser("info", help="show the cached models")
@@ -110,6 +116,14 @@ def models_main(argv: Sequence[str]) -> int:
         build.build_tiny(out, cfg, recipe=args.recipe, device=args.device, checkpoint_every=args.checkpoint_every,
                          resume=args.resume is not None)
         print(out)
+        return 0
+    if args.cmd == "export":
+        out = Path(args.out)
+        if out.resolve() == Path(args.dir).resolve():
+            parser.error("--out must be another folder than DIR: the build finishes into DIR")
+        path = export.export_checkpoint(args.dir, out)
+        step = json.loads((path / "twice_model.json").read_text())["checkpoint"]
+        print(f"{path} (recipe {export.checkpoint_recipe(args.dir)[0]}, {step['phase']} step {step['step']}/{step['steps']})")
         return 0
     if args.cmd == "smollm2":
         out = models_dir() / SMOLLM2_NAME

@@ -251,13 +251,15 @@ def tiny_is_current(path: os.PathLike, recipe: str = DEFAULT_RECIPE) -> bool:
 
 
 def _describes(path: os.PathLike, recipe: str) -> bool:
-    """Whether the ``twice_model.json`` in ``path`` describes a build of the current version of ``recipe``."""
+    """Whether the ``twice_model.json`` in ``path`` describes a finished build of the current version
+    of ``recipe`` (a model exported from an unfinished build's checkpoint is not one)."""
     meta = Path(path) / "twice_model.json"
     try:
         info = json.loads(meta.read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(info, dict) and info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
+    return (isinstance(info, dict) and info.get("recipe", 1) == TINY_RECIPE and info.get("recipe_name") == recipe
+            and "checkpoint" not in info)
 
 
 def _trained_config(path: os.PathLike) -> dict:

@@ -59,6 +59,21 @@ def config_json(cfg: TinyModelConfig) -> dict:
     return json.loads(json.dumps(asdict(cfg), default=list))
 
 
+def recorded_config(saved: dict, file: os.PathLike) -> TinyModelConfig:
+    """The :class:`TinyModelConfig` a checkpoint of ``file`` recorded as ``saved`` (its JSON values:
+    lists become tuples again where the field is a tuple); a field this version does not know is a
+    :class:`CheckpointError` naming the file."""
+    from dataclasses import fields
+
+    known = {f.name for f in fields(TinyModelConfig)}
+    unknown = sorted(set(saved) - known)
+    if unknown:
+        raise CheckpointError(f"{file}: its recipe config has fields this version does not know: {', '.join(unknown)}")
+    defaults = TinyModelConfig()
+    return TinyModelConfig(**{k: tuple(v) if isinstance(getattr(defaults, k), tuple) and isinstance(v, list) else v
+                              for k, v in saved.items()})
+
+
 def config_differences(saved: dict, cfg: TinyModelConfig) -> list[str]:
     """``field: saved -> current`` for each field (but :data:`FREE_FIELDS`) where the recorded
     config ``saved`` differs from ``cfg``."""

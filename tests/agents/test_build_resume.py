@@ -3,6 +3,7 @@ uninterrupted one, and a checkpoint that does not fit is refused by name."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 
@@ -14,8 +15,9 @@ pytest.importorskip("transformers")
 from safetensors.torch import load_file
 
 from tests.agents._tiny import TEST_CONFIG, tiny_dir
-from twice_envs.agents.models import build, recipes, resume
+from twice_envs.agents.models import build, export, recipes, resume
 from twice_envs.agents.models import cli as models_cli
+from twice_envs.agents.sampling.policy import HFPolicy
 from twice_envs.agents.training.checkpoint import CheckpointError
 
 #: A short recipe through every supervised phase of a from-scratch build: the copying warm-up on
@@ -187,3 +189,103 @@ def test_a_fresh_build_removes_an_older_checkpoint(saved, monkeypatch):
         with pytest.raises(Killed):
             build.build_tiny(saved, CFG, progress=False, recipe="test", checkpoint_every=3)
     assert not (saved / "checkpoint" / "state.pt").exists()
+
+
+# ------------------------------------------------------------------ export: the model of a checkpoint
+def record_at(monkeypatch, phase: str, step: int, seen: dict) -> None:
+    """Record the model's trainable weights and its logits on a fixed input right after ``step`` of
+    ``phase``, then stop the build there (as :func:`kill_after`)."""
+    real = resume.PhaseCheckpoint.after_step
+
+    def after_step(self, n, model, *args, **kwargs):
+        real(self, n, model, *args, **kwargs)
+        if self.name == phase and n == step:
+            with torch.no_grad():
+                seen["weights"] = resume.trainable_state(model)
+                seen["logits"] = model(torch.arange(3, 19).unsqueeze(0)).logits.clone()
+            raise Killed(f"{phase} step {n}")
+
+    monkeypatch.setattr(resume.PhaseCheckpoint, "after_step", after_step)
+
+
+def test_export_writes_the_model_of_the_last_checkpoint_and_the_build_still_resumes(tmp_path, monkeypatch):
+    whole = build.build_tiny(tmp_path / "a", CFG, progress=False, recipe="test", checkpoint_every=3)
+    out, seen = tmp_path / "b", {}
+    with monkeypatch.context() as m:
+        record_at(m, "sft", 6, seen)
+        with pytest.raises(Killed):
+            build.build_tiny(out, CFG, progress=False, recipe="test", checkpoint_every=3)
+    state = (out / "checkpoint" / "state.pt").read_bytes()
+    got = export.export_checkpoint(out, tmp_path / "at6", recipe="test", cfg=CFG)
+    weights = load_file(str(got / "model.safetensors"))
+    assert weights and all(torch.equal(weights[k], seen["weights"][k]) for k in weights)
+    # the tokenizer is the build's, trained again on the saved transcripts
+    assert (got / "tokenizer.json").read_bytes() == (whole / "tokenizer.json").read_bytes()
+    model = HFPolicy.from_pretrained(got).model
+    with torch.no_grad():
+        assert torch.equal(model(torch.arange(3, 19).unsqueeze(0)).logits, seen["logits"])
+    meta = json.loads((got / "twice_model.json").read_text())
+    assert meta["checkpoint"] == {"phase": "sft", "step": 6, "steps": 12} and meta["recipe_name"] == "test"
+    assert not recipes.tiny_is_current(got, "test")  # never taken for the finished build
+    assert (out / "checkpoint" / "state.pt").read_bytes() == state  # the checkpoint is left as it was
+    done = resume_build(out)
+    assert same_weights(whole, done)
+
+
+def test_export_of_an_adapted_build_writes_its_adapters_and_merges_them(tmp_path, monkeypatch):
+    cfg = replace(TEST_CONFIG, base_model=str(tiny_dir()), adapter_layers=1, adapter_rank=2, steps=8, lr=1e-2)
+    out, seen = tmp_path / "b", {}
+    with monkeypatch.context() as m:
+        record_at(m, "sft", 4, seen)
+        with pytest.raises(Killed):
+            build.build_tiny(out, cfg, progress=False, recipe="test", checkpoint_every=2)
+    got = export.export_checkpoint(out, tmp_path / "at4", recipe="test", cfg=cfg)
+    adapters = load_file(str(got / recipes.ADAPTER_FILE))
+    assert adapters.keys() == seen["weights"].keys()
+    assert all(torch.equal(adapters[k], seen["weights"][k]) for k in adapters)
+    model = HFPolicy.from_pretrained(got).model  # the merged weights: the same function, up to rounding
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.arange(3, 19).unsqueeze(0)).logits, seen["logits"],
+                                   rtol=1e-4, atol=1e-4)
+    assert json.loads((got / "twice_model.json").read_text())["adapter"]["base_model"] == str(tiny_dir())
+
+
+def test_export_refuses_a_drill_checkpoint_a_missing_one_and_another_recipe(tmp_path, monkeypatch, saved):
+    drill = interrupted(tmp_path, monkeypatch, phase="copy", step=5, name="drill")
+    with pytest.raises(CheckpointError, match="saved in the copy drill .*no model to export yet"):
+        export.export_checkpoint(drill, tmp_path / "x", recipe="test", cfg=CFG)
+    with pytest.raises(CheckpointError, match=rf"{tmp_path / 'none' / 'checkpoint' / 'state.pt'}: no build checkpoint"):
+        export.export_checkpoint(tmp_path / "none", tmp_path / "x")
+    with pytest.raises(CheckpointError, match="a checkpoint of recipe 'test', not of 'other'"):
+        export.export_checkpoint(saved, tmp_path / "x", recipe="other")
+    with pytest.raises(CheckpointError, match="lr: 0.01 in the checkpoint, 0.005 now"):
+        export.export_checkpoint(saved, tmp_path / "x", recipe="test", cfg=replace(CFG, lr=5e-3))
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_cli_exports_a_checkpoint(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "fmt"
+    args = ["build-tiny", "--recipe", "format", "--steps", "4", "--episodes", "4", "--threads", "1",
+            "--envs", "CoinChain-v0", "--checkpoint-every", "2", "--out", str(out)]
+    with monkeypatch.context() as m:
+        kill_after(m, "sft", 3)
+        with pytest.raises(Killed):
+            models_cli.models_main(args)
+    with pytest.raises(SystemExit):
+        models_cli.models_main(["export", str(out), "--out", str(out)])
+    assert "--out must be another folder than DIR" in capsys.readouterr().err
+    # the model is built by the config the checkpoint records: the build's --envs and --steps included
+    assert models_cli.models_main(["export", str(out), "--out", str(tmp_path / "m")]) == 0
+    assert f"{tmp_path / 'm'} (recipe format, sft step 2/4)" in capsys.readouterr().out
+    meta = json.loads((tmp_path / "m" / "twice_model.json").read_text())
+    assert meta["config"]["envs"] == ["CoinChain-v0"] and meta["config"]["steps"] == 4
+    assert HFPolicy.from_pretrained(tmp_path / "m").model is not None
+    assert models_cli.models_main(args[:-2] + ["--resume", str(out)]) == 0  # and the build goes on
+    assert recipes.tiny_is_current(out, "format")
+
+
+def test_a_recorded_config_is_read_back_as_it_was_and_unknown_fields_are_refused(saved):
+    blob = torch.load(saved / "checkpoint" / "state.pt", weights_only=True)
+    assert resume.recorded_config(json.loads(blob["config"]), "f") == CFG
+    with pytest.raises(CheckpointError, match="f: its recipe config has fields this version does not know: wings"):
+        resume.recorded_config({**json.loads(blob["config"]), "wings": 2}, "f")
