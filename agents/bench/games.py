@@ -24,6 +24,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents.bench.heldout import GAMES, GameSetting, evaluate_game
+from twice_envs.agents.bench.output import write_json
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.models.load import load_policy, resolve_model_dir
 from twice_envs.agents.models.recipes import (
@@ -40,6 +41,10 @@ from twice_envs.agents.stats import (
 )
 from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.trainer import train
+
+#: The noise seed of ``--eval-only`` evaluations: two runs on the same tasks draw the same noise keys,
+#: so their episodes pair up (same game, same luck).
+HELDOUT_NOISE_SEED = 10**6
 
 
 # ----------------------------------------------------------------------------- the RL comparison
@@ -270,6 +275,55 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _eval_only(cfg: GamesBenchConfig, device: str, against: Optional[str]) -> int:
+    """``--eval-only``: held-out figures of each env's start model, per task type, written to
+    ``OUT/heldout.json``; with ``against`` (an earlier run's file), the paired change of success."""
+    before = _read_heldout(against) if against else {}
+    results = {}
+    for env_id in cfg.envs:
+        model = cfg.start_model(env_id)
+        t0 = time.perf_counter()
+        res = evaluate_game(load_policy(model, device=device), env_id, samples=cfg.eval_samples or 4,
+                            tasks=cfg.eval_tasks, noise_seed=HELDOUT_NOISE_SEED, setting=cfg.setting(env_id))
+        seconds = time.perf_counter() - t0
+        print(f"{env_id} {model}, held-out, temperature 1 ({seconds:.0f}s):")
+        for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):
+            print(f"  {kind:<32} success {x['success']:.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
+                  f"valid turns {x['valid_share']:.3f} ({x['episodes']} episodes, {x['turns']} turns)")
+        results[env_id] = {"model": str(model), "eval_tasks": cfg.eval_tasks, "eval_samples": cfg.eval_samples or 4,
+                           "noise_seed": HELDOUT_NOISE_SEED, "seconds": round(seconds, 1), "figures": res}
+        if env_id in before:
+            _print_paired(env_id, results[env_id], before[env_id], against)
+    write_json(cfg.out, "heldout.json", results)
+    return 0
+
+
+def _read_heldout(path: str) -> dict:
+    """The envs of an earlier ``--eval-only`` run's ``heldout.json`` (a clear error naming the file)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not all(isinstance(v, dict) and "figures" in v for v in data.values()):
+            raise ValueError("not the heldout.json of a 'twice bench games --eval-only' run")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--against {path}: {exc}") from None
+    return data
+
+
+def _print_paired(env_id: str, now: dict, then: dict, path: str) -> None:
+    """The paired change of held-out success of ``env_id`` from the run ``then`` to the run ``now``
+    (each episode compared with the same game and noise key's episode of the other run)."""
+    same = ("eval_tasks", "eval_samples", "noise_seed")
+    if any(now.get(k) != then.get(k) for k in same):
+        raise SystemExit(f"--against {path}: {env_id} was evaluated with "
+                         + ", ".join(f"{k}={then.get(k)!r}" for k in same) + "; this run with "
+                         + ", ".join(f"{k}={now.get(k)!r}" for k in same) + ": not the same episodes")
+    pair = paired_change(now["figures"]["all"]["outcomes"], then["figures"]["all"]["outcomes"])
+    lo, hi = pair["change_ci"]
+    verdict = "significant" if lo > 0 or hi < 0 else "not significant"
+    print(f"  paired change of success against {then['model']}: {pair['change']:+.3f} [{lo:+.3f}, {hi:+.3f}] "
+          f"over {pair['n']} episodes ({verdict})")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``twice bench games``."""
     p = argparse.ArgumentParser(prog="twice bench games", description=__doc__.split("\n\n")[1])
@@ -294,7 +348,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="only evaluate the start models on the held-out tasks (per task type)")
     p.add_argument("--device", default="cpu", type=device_arg,
                    help="with --eval-only: where the models run (cpu, cuda, cuda:N); training runs on the CPU")
+    p.add_argument("--against", default=None, metavar="FILE",
+                   help="with --eval-only: the heldout.json of an earlier --eval-only run on the same held-out "
+                        "tasks; prints the paired change of success (the same games and sampling noise)")
     a = p.parse_args(argv)
+    if a.against and not a.eval_only:
+        p.error("--against compares two --eval-only runs: add --eval-only")
     if not a.eval_only and torch_device(a.device).type != "cpu":
         p.error("--device applies with --eval-only: the comparison trains on the CPU")
     cfg = GamesBenchConfig(
@@ -310,16 +369,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if unknown:
         p.error(f"unknown game env(s) {unknown}; choose from {', '.join(GAMES)}")
     if a.eval_only:
-        for env_id in cfg.envs:
-            model = cfg.start_model(env_id)
-            t0 = time.perf_counter()
-            res = evaluate_game(load_policy(model, device=a.device), env_id, samples=cfg.eval_samples or 4,
-                                tasks=cfg.eval_tasks, noise_seed=10**6, setting=cfg.setting(env_id))
-            print(f"{env_id} {model}, held-out, temperature 1 ({time.perf_counter() - t0:.0f}s):")
-            for kind, x in sorted(res.items(), key=lambda kv: kv[0] != "all"):
-                print(f"  {kind:<32} success {x['success']:.3f} [{x['success_ci'][0]:.3f}, {x['success_ci'][1]:.3f}] "
-                      f"valid turns {x['valid_share']:.3f} ({x['episodes']} episodes, {x['turns']} turns)")
-        return 0
+        return _eval_only(cfg, a.device, a.against)
     res = run_games_bench(cfg)
     print(report(res))
     print(f"results: {Path(cfg.out) / 'results.json'}")

@@ -211,3 +211,37 @@ def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
     text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"twice": method, "grpo": method},
                                      "pairs": {"twice-grpo": pairs["twice-grpo"]}}}})
     assert "twice - grpo: +0.333" in text and "significant" in text and "cannot tell apart" in text
+
+
+def test_eval_only_writes_its_outcomes_and_pairs_them_with_an_earlier_run(tmp_path, capsys):
+    def run(out, *extra):
+        return gb.main(["--eval-only", "--envs", "WebShop-v0", "--model", f"WebShop-v0={tiny_dir()}",
+                        "--eval-tasks", "2", "--max-turns", "2", "--max-new-tokens", "8", "--out", str(out), *extra])
+
+    assert run(tmp_path / "a", "--eval-samples", "2") == 0
+    first = tmp_path / "a" / "heldout.json"
+    data = json.loads(first.read_text())["WebShop-v0"]
+    assert (data["eval_tasks"], data["eval_samples"], data["noise_seed"]) == (2, 2, gb.HELDOUT_NOISE_SEED)
+    outcomes = data["figures"]["all"]["outcomes"]
+    assert len(outcomes) == 4 and data["model"] == str(tiny_dir())
+    # the same model on the same games and noise keys plays the same episodes: no change at all
+    assert run(tmp_path / "b", "--eval-samples", "2", "--against", str(first)) == 0
+    assert "paired change of success against" in capsys.readouterr().out
+    again = json.loads((tmp_path / "b" / "heldout.json").read_text())["WebShop-v0"]["figures"]
+    assert again == data["figures"]
+    # episode k pairs with episode k of the earlier run
+    data["figures"]["all"]["outcomes"] = [1 - x for x in outcomes]
+    flipped = tmp_path / "flipped.json"
+    flipped.write_text(json.dumps({"WebShop-v0": data}))
+    assert run(tmp_path / "c", "--eval-samples", "2", "--against", str(flipped)) == 0
+    change = sum(outcomes) / 4 - (1 - sum(outcomes) / 4)
+    assert f"paired change of success against {tiny_dir()}: {change:+.3f}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="eval_samples=2.*this run with .*eval_samples=1.*not the same episodes"):
+        run(tmp_path / "d", "--eval-samples", "1", "--against", str(first))
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(SystemExit, match=rf"--against {bad}: "):
+        run(tmp_path / "e", "--against", str(bad))
+    with pytest.raises(SystemExit):
+        gb.main(["--envs", "WebShop-v0", "--against", str(first)])
+    assert "--against compares two --eval-only runs" in capsys.readouterr().err
