@@ -122,8 +122,9 @@ def models_main(argv: Sequence[str]) -> int:
         if out.resolve() == Path(args.dir).resolve():
             parser.error("--out must be another folder than DIR: the build finishes into DIR")
         path = export.export_checkpoint(args.dir, out)
-        step = json.loads((path / "twice_model.json").read_text())["checkpoint"]
-        print(f"{path} (recipe {export.checkpoint_recipe(args.dir)[0]}, {step['phase']} step {step['step']}/{step['steps']})")
+        meta = json.loads((path / "twice_model.json").read_text())
+        step = meta["checkpoint"]
+        print(f"{path} (recipe {meta['recipe_name']}, {step['phase']} step {step['step']}/{step['steps']})")
         return 0
     if args.cmd == "smollm2":
         out = models_dir() / SMOLLM2_NAME
