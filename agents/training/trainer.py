@@ -235,14 +235,9 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         "time": t3 - t0,
     }
     m["invalid_share"] = m["invalid_turns"] / max(m["turns"], 1)
-    for k in ("rho", "self_twin_share", "tie_share", "same_evidence_share", "mean_q", "branched_share",
-              "predictor_auc", "discordance", "twins", "cost_scale", "rho_per_decision", "sigma_hat",
-              "value_loss", "explained_variance", "grown_episodes", "grown_tokens", "mean_prefix", "prompt_share",
-              "mean_p_hat",
-              "aux_target", "aux_planned", "aux_accounted", "aux_generated", "warmup",
-              "twin_term_q50", "twin_term_q90", "twin_term_q99", "twin_term_max"):
-        if k in credit.stats:
-            m[k] = credit.stats[k]
+    # every scalar statistic the credit step reports (per-decision records such as ``decisions`` stay out)
+    m.update({k: (v.item() if isinstance(v, np.generic) else v) for k, v in credit.stats.items()
+              if isinstance(v, (bool, int, float, np.generic)) and k not in m})
     m.update(loss_stats)
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in m.items()}
 
