@@ -64,3 +64,14 @@ def test_live_builds_and_recent_ones_are_kept(tmp_path):
     assert sweep_stale_builds(target, now=time.time() + _cache.STALE_S + 60) == []  # another machine's pid
     assert sweep_stale_builds(target, now=time.time() + _cache.FOREIGN_STALE_S + 60) == [foreign]
     assert mine.is_dir()
+
+
+def test_a_published_folder_gets_the_umask_mode(tmp_path):
+    old = os.umask(0o022)
+    try:
+        tmp = build_dir(tmp_path / "store")  # created private by mkdtemp
+        (tmp / "marker").write_text("built")
+        _cache.publish_dir(tmp, tmp_path / "store", "marker")
+        assert (tmp_path / "store").stat().st_mode & 0o777 == 0o755
+    finally:
+        os.umask(old)

@@ -179,3 +179,17 @@ def test_wrong_field_types_name_file_and_line(tmp_path, field, value, match):
     path.write_text(json.dumps(episode().to_json()) + "\n" + json.dumps(rec) + "\n")
     with pytest.raises(TrajectoryFormatError, match=rf"t\.jsonl:2: {match}"):
         load_trajectories(path)
+
+
+def test_atomic_write_gives_new_files_the_umask_mode_and_keeps_an_old_files(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "new.txt", "x")
+        assert (tmp_path / "new.txt").stat().st_mode & 0o777 == 0o640  # not mkstemp's private 0o600
+        kept = tmp_path / "kept.txt"
+        kept.write_text("old")
+        kept.chmod(0o604)
+        atomic_write_text(kept, "new")
+        assert kept.stat().st_mode & 0o777 == 0o604 and kept.read_text() == "new"
+    finally:
+        os.umask(old)

@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from twice_envs.trajectory import created_mode
+
 #: A temporary build folder of a live process is never removed; one whose process is gone
 #: is removed once it has been untouched this long (it may belong to a process on another
 #: machine sharing the cache, whose pid this machine cannot see, after ``FOREIGN_STALE_S``).
@@ -110,6 +112,7 @@ def publish_dir(tmp: Path, directory: Path, marker: str) -> None:
     If another process published ``directory`` first (its ``marker`` file exists), keep
     theirs and drop ``tmp``: both were built from the same inputs.
     """
+    os.chmod(tmp, created_mode(directory=True))  # ``mkdtemp`` creates it private
     try:
         os.replace(tmp, directory)
     except OSError:

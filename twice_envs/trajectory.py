@@ -286,6 +286,15 @@ def json_kind(value: Any) -> str:
     return {str: "a string", dict: "an object", list: "an array", tuple: "an array"}.get(type(value), type(value).__name__)
 
 
+def created_mode(directory: bool = False) -> int:
+    """The permission bits ``open`` or ``mkdir`` would give a new file (or folder) under the
+    process's umask: what a temporary file or folder (created private, 0o600 / 0o700) is given
+    before it is renamed into place."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return (0o777 if directory else 0o666) & ~mask
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs: Any) -> Iterator[IO]:
     """A file to write whose contents replace ``path`` when the block ends without an error.
@@ -301,6 +310,8 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs: Any) ->
         open_kwargs.setdefault("encoding", "utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # the file keeps the permissions of the one it replaces, else gets those of a new file
+        os.chmod(fd, path.stat().st_mode & 0o7777 if path.exists() else created_mode())
         with os.fdopen(fd, mode, **open_kwargs) as fh:
             yield fh
             fh.flush()
