@@ -86,6 +86,18 @@ class GamesBenchConfig:
     """Turn cap of training and held-out episodes (None: the start model's, else the env's :data:`GAMES` setting)."""
     max_new_tokens: Optional[int] = None
     """Tokens per turn at most (None: the env's :data:`GAMES` setting)."""
+    eval_every: int = 0
+    """Also evaluate held-out success every N updates while a method trains (0: only after training): the
+    method's held-out learning curve, each point paired with the start model (``curve`` in results.json)."""
+    train_kwargs: Optional[dict] = None
+    """Extra ``make`` kwargs of the training env per env id, e.g. ``{"WebShop-v0": {"reward": "success"}}``
+    (train on the success the held-out figures count, not the graded score); held-out envs are unchanged."""
+    micro_batch: Optional[int] = None
+    """Episodes per forward/backward pass of an update (:attr:`TrainConfig.micro_batch`; None: a whole
+    minibatch). Bounds the memory of large updates."""
+    eval_noise_seed: int = 10**6 + 1
+    """Noise seed of the held-out evaluations of training seed 0 (seed ``s`` uses this plus ``s``): the same
+    seed gives the same held-out luck, so runs with the same seed pair up episode by episode."""
 
     def start_model(self, env_id: str) -> str:
         """The start model of ``env_id`` (name or folder)."""
@@ -115,8 +127,9 @@ def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, ou
     tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
                     window=s.window, max_new_tokens=s.max_new_tokens, lr=cfg.lr, filter_groups=cfg.filter_groups,
-                    indexed_tasks=False, checkpoint_every=10**9,
+                    indexed_tasks=False, checkpoint_every=10**9, micro_batch=cfg.micro_batch,
                     out_dir=str(out))
+    tc = replace(tc, env_kwargs={**tc.env_kwargs, **(cfg.train_kwargs or {}).get(env_id, {})})
     return replace(tc, twice=replace(tc.twice, beta=cfg.beta))
 
 
@@ -133,9 +146,11 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
         t0 = time.perf_counter()
         # the start model is evaluated on the sampling noise of each seed's evaluation after training, so that
         # before and after pair up episode by episode (same task, same luck)
-        before_by_seed = {seed: evaluate_game(start, env_id, samples=eval_samples, tasks=eval_tasks,
-                                              noise_seed=10**6 + 1 + seed, setting=setting)
-                          for seed in cfg.seeds}
+        def held_out(policy, seed: int) -> dict:
+            return evaluate_game(policy, env_id, samples=eval_samples, tasks=eval_tasks,
+                                 noise_seed=cfg.eval_noise_seed + seed, setting=setting)
+
+        before_by_seed = {seed: held_out(start, seed) for seed in cfg.seeds}
         before = _pooled([before_by_seed[s] for s in cfg.seeds])
         log(f"{env_id} start model {model}: held-out success {before['all']['success']:.3f} "
             f"valid {before['all']['valid_share']:.3f} ({time.perf_counter() - t0:.0f}s)")
@@ -145,10 +160,19 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
             for seed in cfg.seeds:
                 out = root / env_id / f"{method}-s{seed}"
                 policy = load_policy(model)  # trained in place
-                rows = train(_train_config(cfg, env_id, method, seed, out, setting), policy=policy, progress=False)
-                after = evaluate_game(policy, env_id, samples=eval_samples, tasks=eval_tasks,
-                                      noise_seed=10**6 + 1 + seed, setting=setting)
-                per_seed.append({"seed": seed, "after": after, "train": rows,
+                curve: list = []  # (update, held-out outcomes) while training, with --eval-every
+
+                def on_update(m: dict, policy=policy, seed=seed, curve=curve) -> None:
+                    if cfg.eval_every and m["update"] % cfg.eval_every == 0 and m["update"] < cfg.updates:
+                        curve.append((m["update"], held_out(policy, seed)["all"]["outcomes"]))
+                        log(f"{env_id} {method} seed {seed} update {m['update']}: held-out success "
+                            f"{np.mean(curve[-1][1]):.3f}")
+
+                rows = train(_train_config(cfg, env_id, method, seed, out, setting), policy=policy, progress=False,
+                             log=on_update)
+                after = held_out(policy, seed)
+                curve.append((cfg.updates, after["all"]["outcomes"]))
+                per_seed.append({"seed": seed, "after": after, "train": rows, "curve": curve,
                                  "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
                     f"(before {before['all']['success']:.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
@@ -193,7 +217,19 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
         "outcomes": outcomes,
         **paired_change(outcomes, [o for s in per_seed for o in s["before_outcomes"]]),
+        "curve": held_out_curve(per_seed),
     }
+
+
+def held_out_curve(per_seed: list[dict]) -> list[dict]:
+    """The held-out learning curve of a method: at each evaluated update, success over all seeds' episodes
+    and its change from the start model paired episode by episode (:func:`paired_change`)."""
+    before = [o for s in per_seed for o in s["before_outcomes"]]
+    points = []
+    for i, (update, _) in enumerate(per_seed[0]["curve"]):
+        outcomes = [o for s in per_seed for o in s["curve"][i][1]]
+        points.append({"update": update, "success": float(np.mean(outcomes)), **paired_change(outcomes, before)})
+    return points
 
 
 def method_pairs(methods: dict) -> dict:
@@ -249,6 +285,11 @@ def report(results: dict) -> str:
                          f"{x['episodes']:5d} {change:>26} {x['aux_tokens_per_update']:11.0f} {x['seconds_per_update']:6.1f} "
                          f"{x['train_invalid_share']:13.3f} {x.get('train_mixed_groups', float('nan')):12.3f} "
                          f"{x.get('eval_valid_share', float('nan')):11.3f} {reward:12.3f}")
+        for m, x in ms.items():
+            if len(x.get("curve", ())) > 1:  # evaluated while training (--eval-every)
+                lines.append(f"  {m} held-out by update, change (paired) [95% CI]: " + ", ".join(
+                    f"{c['update']}: {c['change']:+.3f} [{c['change_ci'][0]:+.3f}, {c['change_ci'][1]:+.3f}]"
+                    for c in x["curve"]))
         if ms:
             lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}))
             better = [m for m, x in ms.items() if x.get("improves")]
@@ -329,6 +370,24 @@ def _print_paired(env_id: str, now: dict, then: dict, path: str) -> None:
           f"over {pair['n']} episodes ({verdict})")
 
 
+def parse_env_kwargs(items: Sequence[str]) -> dict:
+    """``["WebShop-v0:reward=success", ...]`` as ``{"WebShop-v0": {"reward": "success"}}``; a value is read
+    as JSON where it is JSON (numbers, true, null...), else kept as a string. A malformed item raises
+    :class:`ValueError` naming it."""
+    out: dict = {}
+    for item in items:
+        env_id, sep, pair = item.partition(":")
+        key, eq, value = pair.partition("=")
+        if not (sep and eq and env_id and key):
+            raise ValueError(f"{item!r} is not ENV:KEY=VALUE")
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        out.setdefault(env_id, {})[key] = parsed
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``twice bench games``."""
     p = argparse.ArgumentParser(prog="twice bench games", description=__doc__.split("\n\n")[1])
@@ -349,6 +408,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--filter-groups", action="store_true",
                    help="dynamic sampling: train on --tasks groups whose returns differ "
                         f"(up to {cpu_config().max_sample_batches} batches an update)")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, metavar="N",
+                   help="also evaluate held-out every N updates while training: the learning curve (0: after only)")
+    p.add_argument("--train-kwarg", action="append", default=[], metavar="ENV:KEY=VALUE",
+                   help="a make() kwarg of ENV's training env (VALUE as JSON, else a string; repeatable), "
+                        "e.g. WebShop-v0:reward=success")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="episodes per forward/backward pass of an update (bounds memory; default: a minibatch)")
+    p.add_argument("--eval-noise-seed", type=int, default=d.eval_noise_seed,
+                   help="noise seed of the held-out evaluations of training seed 0 (seed s adds s)")
     p.add_argument("--out", default=d.out)
     p.add_argument("--max-turns", type=int, default=None, help="turn cap (default: per env)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
@@ -364,17 +432,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--against compares two --eval-only runs: add --eval-only")
     if not a.eval_only and torch_device(a.device).type != "cpu":
         p.error("--device applies with --eval-only: the comparison trains on the CPU")
+    if a.eval_every < 0 or (a.micro_batch is not None and a.micro_batch < 1):
+        p.error("--eval-every must be >= 0 and --micro-batch >= 1")
+    try:
+        train_kwargs = parse_env_kwargs(a.train_kwarg)
+    except ValueError as exc:
+        p.error(f"--train-kwarg: {exc}")
     cfg = GamesBenchConfig(
         envs=tuple(e for e in a.envs.split(",") if e), methods=tuple(m for m in a.methods.split(",") if m),
         seeds=tuple(range(a.seeds)), updates=a.updates, tasks_per_update=a.tasks, group_size=a.group_size,
         eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, lr=a.lr, filter_groups=a.filter_groups, out=a.out,
         max_turns=a.max_turns,
-        max_new_tokens=a.max_new_tokens,
+        max_new_tokens=a.max_new_tokens, eval_every=a.eval_every, train_kwargs=train_kwargs or None,
+        micro_batch=a.micro_batch, eval_noise_seed=a.eval_noise_seed,
         model=dict(x.split("=", 1) for x in a.model) or None)
     bad = [m for m in cfg.methods if m not in registered_methods()]
     if bad:
         p.error(f"unknown credit methods {bad}; registered: {', '.join(registered_methods())}")
-    unknown = [e for e in cfg.envs if e not in GAMES]
+    unknown = [e for e in {*cfg.envs, *(cfg.train_kwargs or {})} if e not in GAMES]
     if unknown:
         p.error(f"unknown game env(s) {unknown}; choose from {', '.join(GAMES)}")
     if a.eval_only:

@@ -163,6 +163,39 @@ def test_the_bench_makes_the_env_as_the_start_model_was_trained(tmp_path):
         cfg.setting("ALFWorld-v0")
 
 
+def test_eval_every_gives_a_paired_held_out_curve_and_train_kwargs_reach_only_the_training_env(tmp_path, monkeypatch):
+    cfg = gb.GamesBenchConfig(envs=("WebShop-v0",), methods=("grpo",), seeds=(0, 1), updates=2, tasks_per_update=1,
+                              group_size=2, eval_tasks=2, eval_samples=1, out=str(tmp_path),
+                              model={"WebShop-v0": str(tiny_dir())}, max_turns=2, max_new_tokens=8, eval_every=1,
+                              train_kwargs={"WebShop-v0": {"reward": "success"}}, micro_batch=1, eval_noise_seed=77)
+    calls, made = [], []
+    evaluate, train = gb.evaluate_game, gb.train
+
+    def recording(policy, env_id, **kwargs):
+        calls.append(kwargs["noise_seed"])
+        res = evaluate(policy, env_id, **kwargs)
+        res["all"]["outcomes"] = [len(calls) % 2, 1]  # known outcomes: the curve must pool and pair exactly these
+        return res
+
+    def training(config, **kwargs):
+        made.append(config)
+        return train(config, **kwargs)
+
+    monkeypatch.setattr(gb, "evaluate_game", recording)
+    monkeypatch.setattr(gb, "train", training)
+    r = gb.run_games_bench(cfg, log=lambda m: None)["envs"]["WebShop-v0"]
+    # before (seeds 0, 1), then per seed the evaluation after update 1 and the one after training (update 2)
+    assert calls == [77, 78, 77, 77, 78, 78]
+    assert [c.env_kwargs.get("reward") for c in made] == ["success", "success"] and made[0].micro_batch == 1
+    curve = r["methods"]["grpo"]["curve"]
+    assert [c["update"] for c in curve] == [1, 2]
+    # before: [1, 1] (seed 0) and [0, 1] (seed 1); update 1: calls 3 and 5 -> [1, 1, 1, 1]; update 2: [0, 1, 0, 1]
+    assert curve[0]["success"] == 1.0 and curve[0]["change"] == pytest.approx(0.25)
+    assert curve[1]["success"] == 0.5 and curve[1]["change"] == pytest.approx(-0.25)
+    assert curve[-1]["change"] == r["methods"]["grpo"]["change"]  # the last point is the evaluation after training
+    assert "grpo held-out by update" in gb.report({"envs": {"WebShop-v0": r}})
+
+
 def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
     seen = []
     monkeypatch.setattr(gb, "run_games_bench", lambda cfg: seen.append(cfg) or {"envs": {}})
@@ -179,6 +212,16 @@ def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
     with pytest.raises(SystemExit):
         gb.main(["--envs", "NoSuchGame-v0"])
     assert "unknown game env" in capsys.readouterr().err
+    assert gb.main(["--envs", "WebShop-v0", "--eval-every", "5", "--micro-batch", "16", "--eval-noise-seed", "9",
+                    "--train-kwarg", "WebShop-v0:reward=success", "--train-kwarg", "WebShop-v0:max_steps=15"]) == 0
+    cfg = seen[-1]
+    assert (cfg.eval_every, cfg.micro_batch, cfg.eval_noise_seed) == (5, 16, 9)
+    assert cfg.train_kwargs == {"WebShop-v0": {"reward": "success", "max_steps": 15}}
+    for bad in (["--train-kwarg", "reward=success"], ["--train-kwarg", "WebShop-v0:reward"],
+                ["--eval-every", "-1"], ["--micro-batch", "0"]):
+        with pytest.raises(SystemExit):
+            gb.main(["--envs", "WebShop-v0", *bad])
+    assert "ENV:KEY=VALUE" in capsys.readouterr().err
 
 
 def test_paired_change_is_the_mean_difference_with_its_interval():
