@@ -17,16 +17,21 @@ PLAY_HELP = """commands (anything else is sent to the env as an action):
   :quit      leave"""
 
 
+def parse_value(text: str):
+    """A command-line value: JSON where it is JSON (numbers, ``true``, ``null``, lists...), else the text."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
 def _parse_kv(pairs: Sequence[str], what: str) -> dict:
     out = {}
     for p in pairs:
         key, sep, value = p.partition("=")
         if not sep:
             raise SystemExit(f"{what} must be KEY=VALUE, got {p!r}")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
+        out[key] = parse_value(value)
     return out
 
 

@@ -41,6 +41,7 @@ from twice_envs.agents.stats import (
 )
 from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.trainer import train
+from twice_envs.play import parse_value
 
 #: The noise seed of ``--eval-only`` evaluations: two runs on the same tasks draw the same noise keys,
 #: so their episodes pair up (same game, same luck).
@@ -205,6 +206,7 @@ def _method_summary(per_seed: list[dict]) -> dict:
     turns = sum(r.get("turns", 0) for r in rows)
     bad = sum(r.get("invalid_turns", 0) for r in rows)
     outcomes = [o for s in per_seed for o in s["after"]["all"]["outcomes"]]
+    before = [o for s in per_seed for o in s["before_outcomes"]]
     return {
         "success": wins / max(n, 1), "success_ci": list(wilson(wins, n)), "episodes": n,
         "per_seed": [s["after"]["all"]["success"] for s in per_seed],
@@ -216,15 +218,15 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "eval_valid_share": float(np.mean([s["after"]["all"]["valid_share"] for s in per_seed])),
         "eval_mean_reward": float(np.mean([s["after"]["all"]["mean_reward"] for s in per_seed])),
         "outcomes": outcomes,
-        **paired_change(outcomes, [o for s in per_seed for o in s["before_outcomes"]]),
-        "curve": held_out_curve(per_seed),
+        **paired_change(outcomes, before),
+        "curve": held_out_curve(per_seed, before),
     }
 
 
-def held_out_curve(per_seed: list[dict]) -> list[dict]:
+def held_out_curve(per_seed: list[dict], before: list) -> list[dict]:
     """The held-out learning curve of a method: at each evaluated update, success over all seeds' episodes
-    and its change from the start model paired episode by episode (:func:`paired_change`)."""
-    before = [o for s in per_seed for o in s["before_outcomes"]]
+    and its change from ``before`` (the start model's outcomes on the same episodes) paired episode by
+    episode (:func:`paired_change`)."""
     points = []
     for i, (update, _) in enumerate(per_seed[0]["curve"]):
         outcomes = [o for s in per_seed for o in s["curve"][i][1]]
@@ -380,11 +382,7 @@ def parse_env_kwargs(items: Sequence[str]) -> dict:
         key, eq, value = pair.partition("=")
         if not (sep and eq and env_id and key):
             raise ValueError(f"{item!r} is not ENV:KEY=VALUE")
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            parsed = value
-        out.setdefault(env_id, {})[key] = parsed
+        out.setdefault(env_id, {})[key] = parse_value(value)
     return out
 
 
