@@ -310,9 +310,9 @@ def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs: Any) ->
         open_kwargs.setdefault("encoding", "utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        # the file keeps the permissions of the one it replaces, else gets those of a new file
-        os.chmod(fd, path.stat().st_mode & 0o7777 if path.exists() else created_mode())
         with os.fdopen(fd, mode, **open_kwargs) as fh:
+            # the file keeps the permissions of the one it replaces, else gets those of a new file
+            os.chmod(fh.fileno(), path.stat().st_mode & 0o7777 if path.exists() else created_mode())
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
