@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections import OrderedDict
 from typing import Sequence
 
 import torch
@@ -145,11 +146,28 @@ def _vllm_overhead(model: str, top_p: float) -> int:
     return 0
 
 
+def _cache_snapshot(policy):
+    """The prefix cache's entries (their tensors are never written to, so a shallow copy keeps them)."""
+    c = policy.prefix_cache
+    return OrderedDict(c._entries), dict(c._by_len), c.bytes
+
+
+def _restore_cache(policy, snap) -> None:
+    c = policy.prefix_cache
+    c._entries, c._by_len, c.bytes = OrderedDict(snap[0]), dict(snap[1]), snap[2]
+
+
 def rollout_main(argv: Sequence[str]) -> int:
-    """Rollout throughput, env vs generation time, and twin continuation cost with/without prefix reuse."""
+    """Rollout throughput, env vs generation time, and the twin step's cost: with and without prefix
+    reuse, and with calls grouped by context length or filled in request order."""
+    from twice_envs.agents.cli.rollout import parse_env_kwargs
+    from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
+
     parser = argparse.ArgumentParser(prog="twice bench rollout", description=rollout_main.__doc__)
     parser.add_argument("--env", default="SearchQA-v0")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--env-kwargs", default="{}",
+                        help="JSON object of make kwargs (over those the model was trained with)")
     parser.add_argument("--tasks", type=int, default=8)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -158,13 +176,16 @@ def rollout_main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.group, args.max_new_tokens, args.max_turns = 2, 2, 24, 2
+    model_dir = resolve_model_dir(args.model)
+    env_kwargs = {**trained_env_kwargs(model_dir, args.env), **parse_env_kwargs(parser, args.env_kwargs)}
 
     policy = load_policy(args.model)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens)
     tasks = [R.Task(i) for i in range(args.tasks)]
     R.TIMING.update(env_seconds=0.0, generate_seconds=0.0)
     t0 = time.perf_counter()
-    eps = R.rollout(policy, args.env, tasks, group_size=args.group, sampling=sampling, max_turns=args.max_turns)
+    eps = R.rollout(policy, args.env, tasks, group_size=args.group, sampling=sampling, max_turns=args.max_turns,
+                    env_kwargs=env_kwargs, window=trained_window(model_dir))
     total = time.perf_counter() - t0
     n_tok = sum(e.num_generated_tokens for e in eps)
     env_s, gen_s = R.TIMING["env_seconds"], R.TIMING["generate_seconds"]
@@ -174,24 +195,28 @@ def rollout_main(argv: Sequence[str]) -> int:
     print(f"  time share: generation {100 * gen_s / total:.1f}%, env steps {100 * env_s / total:.1f}%, "
           f"other (prompts, records) {100 * (total - gen_s - env_s) / total:.1f}%")
 
+    # one twin per factual turn, run three ways from the same kept prefix cache (the rollout's)
     reqs = [R.BranchRequest(i, t, branch=1) for i, e in enumerate(eps) for t in range(len(e.turns))]
-    results = {}
-    for reuse in (False, True):
+    snap = _cache_snapshot(policy)
+    results, turns = {}, {}
+    for name, reuse, by_length in (("no reuse", False, True), ("reuse, request order", True, False),
+                                   ("reuse, by length", True, True)):
         policy.prefix_reuse = reuse
+        _restore_cache(policy, snap)
         before = (policy.stats.prefill_tokens, policy.stats.reused_tokens)
         t0 = time.perf_counter()
-        twins = R.branch_rollouts(policy, eps, reqs, sampling=sampling)
+        twins = R.branch_rollouts(policy, eps, reqs, sampling=sampling, by_length=by_length)
         secs = time.perf_counter() - t0
-        results[reuse] = (secs, policy.stats.prefill_tokens - before[0], policy.stats.reused_tokens - before[1],
-                          sum(t.num_generated_tokens for t in twins), sum(t.self_twin for t in twins))
+        results[name] = (secs, policy.stats.prefill_tokens - before[0], policy.stats.reused_tokens - before[1],
+                         sum(t.num_generated_tokens for t in twins), sum(t.self_twin for t in twins))
+        turns[name] = [[t.token_ids for t in w.turns] for w in twins]
     policy.prefix_reuse = True
-    print(f"  twins: {len(reqs)} coupled twins (one per factual turn), "
-          f"{results[True][4]} self-twins")
-    for reuse in (False, True):
-        secs, pre, reused, gen, _ = results[reuse]
-        print(f"    prefix reuse {'on ' if reuse else 'off'}: {secs:.2f}s, {pre} context tokens computed, "
-              f"{reused} reused, {gen} generated")
-    off, on = results[False][0], results[True][0]
-    print(f"  prefix reuse: twin continuation time x{on / off:.2f} ({100 * (1 - on / off):.1f}% saved), "
-          f"context tokens computed x{results[True][1] / max(1, results[False][1]):.2f}")
+    print(f"  twins: {len(reqs)} coupled twins (one per factual turn), {results['no reuse'][4]} self-twins; "
+          f"the same twins all three ways: {len({repr(v) for v in turns.values()}) == 1}")
+    for name, (secs, pre, reused, gen, _) in results.items():
+        print(f"    {name:22}: {secs:.2f}s, {pre} context tokens computed, {reused} reused, {gen} generated")
+    off, order, grouped = (results[k][0] for k in ("no reuse", "reuse, request order", "reuse, by length"))
+    print(f"  prefix reuse (calls by length): twin time x{grouped / off:.2f} ({100 * (1 - grouped / off):.1f}% saved), "
+          f"context tokens computed x{results['reuse, by length'][1] / max(1, results['no reuse'][1]):.2f}")
+    print(f"  calls grouped by context length vs request order (both with reuse): twin time x{grouped / order:.2f}")
     return 0

@@ -193,25 +193,44 @@ def _advance(live: _Live, token_ids, obs_ids) -> None:
     live.token_counter += len(token_ids)
 
 
-def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int) -> None:
-    """Generate and step every live episode until all are over (one batched call per step)."""
+def generate_in_batches(policy, requests: Sequence[GenerationRequest], sampling: SamplingConfig, batch_size: int,
+                        *, by_length: bool = True) -> list[Generation]:
+    """One turn for every request, in calls of at most ``batch_size`` rows; the turns come back in request order.
+
+    ``by_length`` (default) fills each call with contexts of similar lengths (shortest first, ties in
+    request order): a call pads every row to its longest context and decodes until its longest turn
+    ends, so a call that mixes a 50-token first prompt with a 1,500-token late context pays for the
+    long one on every row. Each row's sample is keyed by its own noise key, so the grouping changes
+    the cost, not which tokens are drawn (``twice bench rollout`` measures both orders).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = list(range(len(requests)))
+    if by_length:
+        order.sort(key=lambda i: len(requests[i].prompt_ids))
+    out: list[Optional[Generation]] = [None] * len(requests)
+    for start in range(0, len(order), batch_size):
+        rows = order[start: start + batch_size]
+        t0 = time.perf_counter()
+        gens = policy.generate([requests[i] for i in rows], sampling)
+        TIMING["generate_seconds"] += time.perf_counter() - t0
+        for i, g in zip(rows, gens):
+            out[i] = g
+    return out  # type: ignore[return-value]
+
+
+def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int, by_length: bool = True) -> None:
+    """Generate and step every live episode until all are over (:func:`generate_in_batches` per step)."""
     active = [x for x in live if not x.env.done]
     for x in live:
         if x.env.done and x.record.trajectory is None:
             _finish(x, dict(x.env.last_info), x.env.trajectory.terminated, x.env.trajectory.truncated)
+    key_mode = getattr(sampling, "key_mode", "line")
     while active:
-        still = []
-        for start in range(0, len(active), batch_size):
-            chunk = active[start: start + batch_size]
-            keys = [NoiseKey(*x.env.last_info.get("noise_key", x.env.noise_key())) for x in chunk]
-            reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter) for x, k in zip(chunk, keys)]
-            t0 = time.perf_counter()
-            gens = policy.generate(reqs, sampling)
-            TIMING["generate_seconds"] += time.perf_counter() - t0
-            for x, g, k in zip(chunk, gens, keys):
-                if not _apply(policy, x, g, k, getattr(sampling, "key_mode", "line")):
-                    still.append(x)
-        active = still
+        keys = [NoiseKey(*x.env.last_info.get("noise_key", x.env.noise_key())) for x in active]
+        reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter) for x, k in zip(active, keys)]
+        gens = generate_in_batches(policy, reqs, sampling, batch_size, by_length=by_length)
+        active = [x for x, g, k in zip(active, gens, keys) if not _apply(policy, x, g, k, key_mode)]
 
 
 def _make_env(env_id: str, env_kwargs: Optional[dict]):
@@ -220,13 +239,15 @@ def _make_env(env_id: str, env_kwargs: Optional[dict]):
 
 def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, sampling: SamplingConfig,
             env_kwargs: Optional[dict] = None, noise_seed: int = 0, max_turns: Optional[int] = None,
-            system: Optional[str] = None, batch_size: int = 64, window: Optional[int] = None) -> list[EpisodeRecord]:
+            system: Optional[str] = None, batch_size: int = 64, window: Optional[int] = None,
+            by_length: bool = True) -> list[EpisodeRecord]:
     """Run ``group_size`` episodes of every task; returns the records in group order.
 
     Episode ``j`` of group ``g`` gets the episode seed :func:`episode_noise_seed`
     ``(noise_seed, g, j)``, passed as the reset option ``noise_seed``; its record has
     ``group = g``. ``max_turns`` caps the turns (the env's own limit applies too).
-    Generation is batched across all live episodes (``batch_size`` rows per call).
+    Generation is batched across all live episodes (``batch_size`` rows per call, grouped by context
+    length unless ``by_length`` is False: :func:`generate_in_batches`).
     ``window``: turns of history in the model's context (None: the whole episode); the
     first prompt, which holds the task, is always kept.
     """
@@ -249,7 +270,7 @@ def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, samp
             rec = EpisodeRecord(env_id=env.unwrapped.env_id, seed=int(task.seed), options=dict(task.options), group=g,
                                 prompt_ids=list(prompt), window=window)
             live.append(_Live(env, rec, list(prompt), cap, 0, tuple(env.unwrapped.protocol().stop)))
-    _run(policy, live, sampling, batch_size)
+    _run(policy, live, sampling, batch_size, by_length)
     return [x.record for x in live]
 
 
@@ -289,7 +310,8 @@ class TwinStart:
 
 
 def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
-                sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True) -> list[TwinStart]:
+                sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True,
+                by_length: bool = True) -> list[TwinStart]:
     """Phase 1 of :func:`branch_rollouts`: every request's alternative turn, sampled and stepped.
 
     Returns one :class:`TwinStart` per request, in request order; :func:`finish_twins`
@@ -321,14 +343,8 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
         if r.action is None and r.alternative is None:
             alt_reqs.append((i, GenerationRequest(ctx, key, stop, counter)))
 
-    alternatives: dict[int, Generation] = {}
-    for start in range(0, len(alt_reqs), batch_size):
-        chunk = alt_reqs[start: start + batch_size]
-        t0 = time.perf_counter()
-        gens = policy.generate([q for _, q in chunk], sampling)
-        TIMING["generate_seconds"] += time.perf_counter() - t0
-        for (i, _), g in zip(chunk, gens):
-            alternatives[i] = g
+    gens = generate_in_batches(policy, [q for _, q in alt_reqs], sampling, batch_size, by_length=by_length)
+    alternatives: dict[int, Generation] = {i: g for (i, _), g in zip(alt_reqs, gens)}
     for i, (r, ep, env, ctx, counter, key, stop, schedule) in enumerate(prepared):
         if r.alternative is not None:
             alternatives[i] = r.alternative
@@ -384,17 +400,19 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
     return out
 
 
-def finish_twins(policy, starts: Sequence[TwinStart], *, sampling: SamplingConfig, batch_size: int = 64) -> None:
+def finish_twins(policy, starts: Sequence[TwinStart], *, sampling: SamplingConfig, batch_size: int = 64,
+                 by_length: bool = True) -> None:
     """Phase 2 of :func:`branch_rollouts`: continue every live twin of ``starts`` to its end
     (batched; the records are completed in place and the starts marked done)."""
     live = [s.live for s in starts if s.live is not None]
-    _run(policy, live, sampling, batch_size)
+    _run(policy, live, sampling, batch_size, by_length)
     for s in starts:
         s.live = None
 
 
 def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence[BranchRequest], *,
-                    sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True) -> list[EpisodeRecord]:
+                    sampling: SamplingConfig, batch_size: int = 64, detect_self_twins: bool = True,
+                    by_length: bool = True) -> list[EpisodeRecord]:
     """Twins of factual episodes (one record per request, in request order).
 
     For each request: rebuild the factual env at turn ``t`` (replay, verified against the
@@ -416,6 +434,6 @@ def branch_rollouts(policy, factual: Sequence[EpisodeRecord], requests: Sequence
     continues self-twins too (to verify that they reproduce the factual episode).
     """
     starts = start_twins(policy, factual, requests, sampling=sampling, batch_size=batch_size,
-                         detect_self_twins=detect_self_twins)
-    finish_twins(policy, starts, sampling=sampling, batch_size=batch_size)
+                         detect_self_twins=detect_self_twins, by_length=by_length)
+    finish_twins(policy, starts, sampling=sampling, batch_size=batch_size, by_length=by_length)
     return [s.record for s in starts]

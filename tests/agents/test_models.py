@@ -259,19 +259,27 @@ def test_benchmarks_quick(tmp_path, monkeypatch, capsys):
     gen, env, other = printed(out, r"time share: generation ([\d.]+)%, env steps ([\d.]+)%, other \(prompts, records\) "
                                    r"(-?[\d.]+)%")
     assert abs(gen + env + other - 100) <= 0.15 and gen > 0 and env >= 0
-    twins, = printed(out, r"twins: (\d+) coupled twins \(one per factual turn\)")
+    twins, = printed(out, r"twins: (\d+) coupled twins \(one per factual turn\), \d+ self-twins; ")
     assert twins == turns
-    off_s, off_ctx, off_reused, off_gen = printed(
-        out, r"prefix reuse off: ([\d.]+)s, (\d+) context tokens computed, (\d+) reused, (\d+) generated")
-    on_s, on_ctx, on_reused, on_gen = printed(
-        out, r"prefix reuse on : ([\d.]+)s, (\d+) context tokens computed, (\d+) reused, (\d+) generated")
-    # reusing cached prefixes changes the cost, never the twins (same keys, same tokens)
-    assert on_gen == off_gen > 0
+    assert re.search(r"the same twins all three ways: True\n", out)
+
+    def run(name):
+        return printed(out, re.escape(name) + r"\s*: ([\d.]+)s, (\d+) context tokens computed, (\d+) reused, "
+                                               r"(\d+) generated")
+
+    off_s, off_ctx, off_reused, off_gen = run("no reuse")
+    ord_s, ord_ctx, ord_reused, ord_gen = run("reuse, request order")
+    on_s, on_ctx, on_reused, on_gen = run("reuse, by length")
+    # reusing cached prefixes and grouping calls change the cost, never the twins (same keys, same tokens)
+    assert on_gen == ord_gen == off_gen > 0
     assert off_reused == 0 and on_reused > 0 and on_ctx < off_ctx
-    time_ratio, ctx_ratio = printed(out, r"twin continuation time x([\d.]+) \([-\d.]+% saved\), "
+    time_ratio, ctx_ratio = printed(out, r"prefix reuse \(calls by length\): twin time x([\d.]+) \([-\d.]+% saved\), "
                                          r"context tokens computed x([\d.]+)")
     assert ctx_ratio == round(on_ctx / off_ctx, 2)
     assert quotient_agrees(time_ratio, on_s, off_s, 1, 2, 2), (time_ratio, on_s, off_s)
+    group_ratio, = printed(out, r"calls grouped by context length vs request order \(both with reuse\): twin time "
+                                r"x([\d.]+)")
+    assert quotient_agrees(group_ratio, on_s, ord_s, 1, 2, 2), (group_ratio, on_s, ord_s)
 
 
 def test_load_episodes_names_the_bad_line(tmp_path):

@@ -19,9 +19,10 @@ from twice_envs.agents.rollout.episodes import (
     Task,
     branch_rollouts,
     episode_noise_seed,
+    generate_in_batches,
     rollout,
 )
-from twice_envs.agents.sampling.policy import SamplingConfig
+from twice_envs.agents.sampling.policy import Generation, GenerationRequest, SamplingConfig
 from twice_envs.errors import MissingExtra
 from twice_envs.keys import NoiseKey
 from twice_envs.noise import sampling_logprobs
@@ -78,6 +79,46 @@ def test_prefix_reuse_does_not_change_episodes(factual):
     finally:
         policy.prefix_reuse = True
     assert [[t.token_ids for t in e.turns] for e in again] == [[t.token_ids for t in e.turns] for e in factual]
+
+
+class _RowRecorder:
+    """A policy stand-in that records the context lengths of each call's rows."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, requests, sampling):
+        self.calls.append([len(r.prompt_ids) for r in requests])
+        return [Generation(f"row of {len(r.prompt_ids)}", [], [], 0.0) for r in requests]
+
+
+def test_calls_group_rows_by_context_length_and_answer_in_request_order():
+    lengths = [5, 1, 4, 2, 3]
+    reqs = [GenerationRequest([7] * n, NoiseKey(0, 0, 0)) for n in lengths]
+    rec = _RowRecorder()
+    out = generate_in_batches(rec, reqs, SAMPLING, 2)
+    assert rec.calls == [[1, 2], [3, 4], [5]]
+    assert [g.text for g in out] == [f"row of {n}" for n in lengths]
+    rec = _RowRecorder()
+    generate_in_batches(rec, reqs, SAMPLING, 2, by_length=False)
+    assert rec.calls == [[5, 1], [4, 2], [3]]
+    with pytest.raises(ValueError, match="batch_size"):
+        generate_in_batches(rec, reqs, SAMPLING, 0)
+
+
+def test_grouping_by_length_changes_no_sample(factual):
+    """Rows are keyed by their own noise, so the calls' make-up changes the cost only: the same
+    episodes and twins (turns at every depth, so the calls mix context lengths) either way."""
+    policy = tiny_policy()
+    kw = dict(group_size=3, sampling=SAMPLING, max_turns=4, noise_seed=5, batch_size=2)
+    tasks = [Task(1), Task(2)]
+    ungrouped = rollout(policy, "CoinChain-v0", tasks, by_length=False, **kw)
+    assert [[t.token_ids for t in e.turns] for e in ungrouped] == [[t.token_ids for t in e.turns] for e in factual]
+    reqs = [BranchRequest(i, t, branch=1) for i, e in enumerate(factual) for t in range(len(e.turns))]
+    grouped = branch_rollouts(policy, factual, reqs, sampling=SAMPLING, batch_size=2)
+    plain = branch_rollouts(policy, factual, reqs, sampling=SAMPLING, batch_size=2, by_length=False)
+    assert len({r.turn for r in reqs}) > 1  # calls that mix context lengths
+    assert [[t.token_ids for t in w.turns] for w in grouped] == [[t.token_ids for t in w.turns] for w in plain]
 
 
 def test_coupled_twin_with_the_factual_turn_reproduces_the_episode(factual):
