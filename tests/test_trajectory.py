@@ -193,3 +193,19 @@ def test_atomic_write_gives_new_files_the_umask_mode_and_keeps_an_old_files(tmp_
         assert kept.stat().st_mode & 0o777 == 0o604 and kept.read_text() == "new"
     finally:
         os.umask(old)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads the umask from /proc")
+def test_the_umask_is_read_without_being_set(monkeypatch):
+    from twice_envs import trajectory
+
+    for mask in (0o027, 0o002):
+        old = os.umask(mask)
+        try:
+            with monkeypatch.context() as m:
+                # setting the umask, even for a moment, would race other threads' new files
+                m.setattr(trajectory.os, "umask", lambda *_: pytest.fail("the umask was set"))
+                assert trajectory.created_mode() == 0o666 & ~mask
+                assert trajectory.created_mode(directory=True) == 0o777 & ~mask
+        finally:
+            os.umask(old)

@@ -290,9 +290,23 @@ def created_mode(directory: bool = False) -> int:
     """The permission bits ``open`` or ``mkdir`` would give a new file (or folder) under the
     process's umask: what a temporary file or folder (created private, 0o600 / 0o700) is given
     before it is renamed into place."""
+    return (0o777 if directory else 0o666) & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the system reports it (Linux's
+    ``/proc/self/status``); elsewhere set and restored at once, which another thread creating a
+    file at that moment could see."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
     mask = os.umask(0o022)
     os.umask(mask)
-    return (0o777 if directory else 0o666) & ~mask
+    return mask
 
 
 @contextlib.contextmanager
