@@ -278,3 +278,22 @@ def test_dense_retrieval_and_prebuilt_index(tmp_path):
     faiss.write_index(small, str(tmp_path / "small.index"))
     with pytest.raises(ValueError):
         DenseRetriever(store, DenseParams(index_path=str(tmp_path / "small.index")))
+
+
+def test_a_repeated_question_id_warns_at_load_and_a_task_reset_refuses_it(tmp_path):
+    corpus = write_corpus(tmp_path / "wiki.jsonl")
+    rows = [{"id": "train_0", "question": "who founded aldermoor", "golden_answers": ["Ilsa Varn"]},
+            {"id": "train_0", "question": "Where was Ilsa Varn born?", "golden_answers": ["Quell"]},
+            {"id": "train_1", "question": "what is quell known for", "golden_answers": ["copper bells"]}]
+    path = tmp_path / "merged.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match=r"1 question ids name more than one question in .*merged\.jsonl "
+                                         r"\(e\.g\. 'train_0' at train 0, train 1\)"):
+        env = twice_envs.make("SearchQA-v0", corpus=str(corpus), questions={"train": str(path)})
+    with pytest.raises(ValueError, match=r"question id 'train_0' names 2 questions \(train 0, train 1\)"):
+        env.reset(seed=0, options={"task": "train_0"})
+    # each question stays reachable by split and index, and a unique id still resets by id
+    _, info = env.reset(seed=0, options={"split": "train", "index": 1})
+    assert info["question"] == "Where was Ilsa Varn born?"
+    _, info = env.reset(seed=0, options={"task": "train_1"})
+    assert info["golden_answers"] == ["copper bells"]

@@ -161,6 +161,11 @@ class SearchQAEnv(TextEnv):
             loc = self.resources.task_index.get(str(options["task"]))
             if loc is None:
                 raise ValueError(f"no question with id {options['task']!r}")
+            same = self.resources.duplicate_ids.get(str(options["task"]))
+            if same:
+                raise ValueError(f"question id {options['task']!r} names {len(same)} questions "
+                                 f"({', '.join(f'{s} {i}' for s, i in same)}): reset with "
+                                 "options={'split': ..., 'index': ...} to choose one")
             split, index = loc
         else:
             split = str(options.get("split", self.default_split))

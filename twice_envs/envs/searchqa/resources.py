@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -30,7 +31,10 @@ class Resources:
     Attributes:
         corpus: the passage store.
         questions: split name -> questions.
-        task_index: question id -> (split, position).
+        task_index: question id -> (split, position) of its first question.
+        duplicate_ids: question id -> every (split, position) it names, for the ids that name
+            more than one question (Search-R1's merged NQ + HotpotQA files can repeat a FlashRAG
+            id such as ``train_0``); ``reset(options={"task": id})`` refuses them.
         retriever: the retriever.
         tool: the search tool (journaled through ``journal``).
         journal: the tool journal.
@@ -45,6 +49,7 @@ class Resources:
     journal: Journal
     generated: bool = False
     title_cache: dict = field(default_factory=dict)
+    duplicate_ids: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
 _CACHE: dict[str, Resources] = {}
@@ -128,12 +133,31 @@ def _build(corpus, questions, generator, retriever, retriever_options, journal) 
         raise ValueError("a custom corpus needs question files: questions='path.jsonl' or {'train': ..., 'dev': ...}")
     store = open_corpus(corpus)
     qsets = {split: load_questions(path) for split, path in questions.items()}
-    task_index: dict[str, tuple[str, int]] = {}
+    task_index, duplicates = index_question_ids(qsets, questions)
+    ret = _make_retriever(retriever, retriever_options, store)
+    return Resources(store, qsets, task_index, ret, SearchTool(ret), shared_journal(journal), generated,
+                     duplicate_ids=duplicates)
+
+
+def index_question_ids(qsets: dict[str, list[Question]], files: Optional[dict] = None
+                       ) -> tuple[dict[str, tuple[str, int]], dict[str, list[tuple[str, int]]]]:
+    """Each question id's first ``(split, position)``, and every location of the ids that name more
+    than one question. Repeated ids are kept (every question stays reachable by split and index)
+    and reported once, in a :class:`UserWarning` that names the files and a few of the ids."""
+    places: dict[str, list[tuple[str, int]]] = {}
     for split, qs in qsets.items():
         for i, q in enumerate(qs):
-            task_index.setdefault(q.id, (split, i))
-    ret = _make_retriever(retriever, retriever_options, store)
-    return Resources(store, qsets, task_index, ret, SearchTool(ret), shared_journal(journal), generated)
+            places.setdefault(q.id, []).append((split, i))
+    first = {qid: locs[0] for qid, locs in places.items()}
+    duplicates = {qid: locs for qid, locs in places.items() if len(locs) > 1}
+    if duplicates:
+        where = ", ".join(str(f) for f in (files or {}).values()) or "the question files"
+        shown = "; ".join(f"{qid!r} at {', '.join(f'{s} {i}' for s, i in locs[:3])}"
+                          for qid, locs in list(duplicates.items())[:3])
+        warnings.warn(f"{len(duplicates)} question ids name more than one question in {where} (e.g. {shown}); "
+                      "reset those questions with options={'split': ..., 'index': ...}: "
+                      "options={'task': id} refuses an id that is not unique", UserWarning, stacklevel=3)
+    return first, duplicates
 
 
 def clear() -> None:
