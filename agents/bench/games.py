@@ -42,6 +42,7 @@ from twice_envs.agents.stats import (
 from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.trainer import train
 from twice_envs.play import parse_value
+from twice_envs.trajectory import atomic_write_text
 
 #: The noise seed of ``--eval-only`` evaluations: two runs on the same tasks draw the same noise keys,
 #: so their episodes pair up (same game, same luck).
@@ -246,6 +247,58 @@ def method_pairs(methods: dict) -> dict:
             for i, a in enumerate(names) for b in names[i + 1:]}
 
 
+#: Settings that may differ between runs joined by :func:`merge_results`: they do not change what a
+#: method is trained on or how its final evaluation is drawn.
+MERGE_FREE = ("methods", "out", "eval_every")
+
+
+def merge_results(paths: Sequence[str | Path]) -> dict:
+    """One comparison from several runs of ``twice bench games``, each with methods of its own (one
+    process per core): their methods side by side and the paired differences between every two.
+
+    Pairing needs the same held-out episodes and noise: the runs must agree on every setting but
+    :data:`MERGE_FREE` and on the start model's held-out outcomes, episode by episode; a run that
+    differs, or a method found in two runs, raises :class:`ValueError` naming the files and what
+    differs. A path is a run's output folder or its ``results.json``."""
+    files = [Path(p) / "results.json" if Path(p).is_dir() else Path(p) for p in paths]
+    if len(files) < 2:
+        raise ValueError("merging needs the results of two runs or more")
+    runs = []
+    for f in files:
+        try:
+            runs.append(json.loads(f.read_text()))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{f}: not a readable results.json of twice bench games ({exc})") from None
+        if not isinstance(runs[-1].get("config"), dict) or not isinstance(runs[-1].get("envs"), dict):
+            raise ValueError(f"{f}: not a results.json of twice bench games (no 'config' and 'envs')")
+    first, base = files[0], runs[0]
+    keys = lambda r: {k: v for k, v in r["config"].items() if k not in MERGE_FREE}  # noqa: E731
+    merged: dict = {"config": dict(base["config"], methods=[], out=None), "merged_from": [str(f) for f in files],
+                    "envs": {}}
+    owner: dict = {}
+    for f, r in zip(files, runs):
+        differ = sorted(k for k in set(keys(base)) | set(keys(r)) if keys(base).get(k) != keys(r).get(k))
+        if differ:
+            raise ValueError(f"{f} and {first} were run with different settings ({', '.join(differ)}): their "
+                             "methods were not trained or evaluated alike")
+        for env_id, e in r["envs"].items():
+            into = merged["envs"].setdefault(env_id, {"model": e["model"], "before": e["before"], "methods": {}})
+            if e["model"] != into["model"] or e["before"]["all"]["outcomes"] != into["before"]["all"]["outcomes"]:
+                raise ValueError(f"{f} and {first}: the start model's held-out episodes of {env_id} differ "
+                                 f"({e['model']} vs {into['model']}), so the methods' episodes do not pair up")
+            for method, x in e["methods"].items():
+                if (env_id, method) in owner:
+                    raise ValueError(f"{method} on {env_id} is in both {owner[env_id, method]} and {f}: merge "
+                                     "runs of different methods")
+                owner[env_id, method] = f
+                into["methods"][method] = x
+                if method not in merged["config"]["methods"]:
+                    merged["config"]["methods"].append(method)
+    for e in merged["envs"].values():
+        e["pairs"] = method_pairs(e["methods"])
+    return merged
+
+
 def _plot(root: Path, env_id: str, cfg: GamesBenchConfig) -> None:
     try:
         from twice_envs.agents.lab.plots import plot_runs
@@ -416,6 +469,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--eval-noise-seed", type=int, default=d.eval_noise_seed,
                    help="noise seed of the held-out evaluations of training seed 0 (seed s adds s)")
     p.add_argument("--out", default=d.out)
+    p.add_argument("--merge", nargs="+", default=None, metavar="RUN",
+                   help="join the results of runs of other methods (their --out folders, run alike, e.g. one "
+                        "process per core) into one comparison with paired differences; writes OUT/results.json")
     p.add_argument("--max-turns", type=int, default=None, help="turn cap (default: per env)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
     p.add_argument("--eval-only", action="store_true",
@@ -426,6 +482,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="with --eval-only: the heldout.json of an earlier --eval-only run on the same held-out "
                         "tasks; prints the paired change of success (the same games and sampling noise)")
     a = p.parse_args(argv)
+    if a.merge:
+        try:
+            res = merge_results(a.merge)
+        except ValueError as exc:
+            p.error(f"--merge: {exc}")
+        res["config"]["out"] = a.out
+        print(report(res))
+        atomic_write_text(Path(a.out) / "results.json", json.dumps(res, indent=1, default=float))
+        print(f"results: {Path(a.out) / 'results.json'}")
+        return 0
     if a.against and not a.eval_only:
         p.error("--against compares two --eval-only runs: add --eval-only")
     if not a.eval_only and torch_device(a.device).type != "cpu":

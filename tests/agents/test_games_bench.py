@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -297,3 +298,51 @@ def test_eval_only_writes_its_outcomes_and_pairs_them_with_an_earlier_run(tmp_pa
     with pytest.raises(SystemExit):
         gb.main(["--envs", "WebShop-v0", "--against", str(first)])
     assert "--against compares two --eval-only runs" in capsys.readouterr().err
+
+
+def _run_results(tmp_path, name, methods, before=(1, 0, 1, 0), **config):
+    """A results.json as ``twice bench games`` writes it, for the methods ``{name: outcomes}``."""
+    ep = {"all": {"success": sum(before) / len(before), "success_ci": [0.1, 0.9], "episodes": len(before),
+                  "valid_share": 0.9, "outcomes": list(before)}}
+    summary = lambda o: {"success": sum(o) / len(o), "success_ci": [0.1, 0.9], "episodes": len(o),  # noqa: E731
+                         "aux_tokens_per_update": 0, "seconds_per_update": 1.0, "train_invalid_share": 0.0,
+                         "outcomes": list(o), **stats.paired_change(list(o), list(before))}
+    cfg = {**gb.GamesBenchConfig(envs=("WebShop-v0",), methods=tuple(methods), out=str(tmp_path / name)).__dict__,
+           **config}
+    res = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()},
+           "envs": {"WebShop-v0": {"model": "tiny-webshop", "before": ep,
+                                   "methods": {m: summary(o) for m, o in methods.items()}, "pairs": {}}}}
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "results.json").write_text(json.dumps(res))
+    return str(tmp_path / name)
+
+
+def test_merge_joins_runs_of_other_methods_into_one_paired_comparison(tmp_path, capsys):
+    a = _run_results(tmp_path, "a", {"grpo": (1, 1, 1, 0)}, eval_every=5)
+    b = _run_results(tmp_path, "b", {"twice": (1, 0, 1, 1), "crr": (0, 0, 1, 0)}, eval_every=0)
+    out = tmp_path / "joined"
+    assert gb.main(["--merge", a, b, "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    e = res["envs"]["WebShop-v0"]
+    assert list(e["methods"]) == ["grpo", "twice", "crr"] == res["config"]["methods"]
+    assert e["pairs"]["grpo - twice"] == stats.paired_change([1, 1, 1, 0], [1, 0, 1, 1])
+    assert set(e["pairs"]) == {"grpo - twice", "grpo - crr", "twice - crr"}
+    assert res["merged_from"] == [str(tmp_path / "a" / "results.json"), str(tmp_path / "b" / "results.json")]
+    text = capsys.readouterr().out
+    assert "paired differences between methods" in text and "grpo - crr: +0.500" in text
+
+    # what would pair unlike episodes, or hide a method, is refused with the files named
+    c = _run_results(tmp_path, "c", {"gigpo": (1, 1, 1, 1)}, updates=99)
+    d = _run_results(tmp_path, "d", {"gigpo": (1, 1, 1, 1)}, before=(0, 0, 1, 1))
+    dup = _run_results(tmp_path, "dup", {"grpo": (0, 0, 0, 0)})
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "results.json").write_text("{oops")
+    for args, match in (([a, c], r"c/results\.json and .*a/results\.json were run with different settings \(updates\)"),
+                        ([a, d], r"d/results\.json and .*: the start model's held-out episodes of WebShop-v0 differ"),
+                        ([a, dup], r"grpo on WebShop-v0 is in both .*a/results\.json and .*dup/results\.json"),
+                        ([a, str(tmp_path / "bad")], r"bad/results\.json: not a readable results\.json"),
+                        ([a], r"two runs or more")):
+        with pytest.raises(SystemExit):
+            gb.main(["--merge", *args, "--out", str(tmp_path / "never")])
+        assert re.search(match, capsys.readouterr().err), match
+    assert not (tmp_path / "never").exists()
