@@ -252,6 +252,10 @@ def method_pairs(methods: dict) -> dict:
 MERGE_FREE = ("methods", "out", "eval_every")
 
 
+def _compared_settings(results: dict) -> dict:
+    return {k: v for k, v in results["config"].items() if k not in MERGE_FREE}
+
+
 def merge_results(paths: Sequence[str | Path]) -> dict:
     """One comparison from several runs of ``twice bench games``, each with methods of its own (one
     process per core): their methods side by side and the paired differences between every two.
@@ -271,22 +275,30 @@ def merge_results(paths: Sequence[str | Path]) -> dict:
             raise ValueError(f"{f}: not a readable results.json of twice bench games ({exc})") from None
         if not isinstance(runs[-1].get("config"), dict) or not isinstance(runs[-1].get("envs"), dict):
             raise ValueError(f"{f}: not a results.json of twice bench games (no 'config' and 'envs')")
-    first, base = files[0], runs[0]
-    keys = lambda r: {k: v for k, v in r["config"].items() if k not in MERGE_FREE}  # noqa: E731
-    merged: dict = {"config": dict(base["config"], methods=[], out=None), "merged_from": [str(f) for f in files],
+    first, base = files[0], _compared_settings(runs[0])
+    merged: dict = {"config": dict(runs[0]["config"], methods=[], out=None), "merged_from": [str(f) for f in files],
                     "envs": {}}
     owner: dict = {}
     for f, r in zip(files, runs):
-        differ = sorted(k for k in set(keys(base)) | set(keys(r)) if keys(base).get(k) != keys(r).get(k))
+        mine = _compared_settings(r)
+        differ = sorted(k for k in set(base) | set(mine) if base.get(k) != mine.get(k))
         if differ:
             raise ValueError(f"{f} and {first} were run with different settings ({', '.join(differ)}): their "
                              "methods were not trained or evaluated alike")
         for env_id, e in r["envs"].items():
-            into = merged["envs"].setdefault(env_id, {"model": e["model"], "before": e["before"], "methods": {}})
-            if e["model"] != into["model"] or e["before"]["all"]["outcomes"] != into["before"]["all"]["outcomes"]:
+            try:
+                model, outcomes, methods = e["model"], e["before"]["all"]["outcomes"], e["methods"]
+            except (KeyError, TypeError):
+                raise ValueError(f"{f}: {env_id} lacks the start model's held-out outcomes or the methods "
+                                 "(not a results.json of twice bench games?)") from None
+            into = merged["envs"].setdefault(env_id, {"model": model, "before": e["before"], "methods": {}})
+            if model != into["model"]:
+                raise ValueError(f"{f} and {first} start {env_id} from different models ({model} and "
+                                 f"{into['model']})")
+            if outcomes != into["before"]["all"]["outcomes"]:
                 raise ValueError(f"{f} and {first}: the start model's held-out episodes of {env_id} differ "
-                                 f"({e['model']} vs {into['model']}), so the methods' episodes do not pair up")
-            for method, x in e["methods"].items():
+                                 "(other held-out noise, tasks or env data), so the methods' episodes do not pair up")
+            for method, x in methods.items():
                 if (env_id, method) in owner:
                     raise ValueError(f"{method} on {env_id} is in both {owner[env_id, method]} and {f}: merge "
                                      "runs of different methods")

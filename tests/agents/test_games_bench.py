@@ -335,10 +335,19 @@ def test_merge_joins_runs_of_other_methods_into_one_paired_comparison(tmp_path, 
     c = _run_results(tmp_path, "c", {"gigpo": (1, 1, 1, 1)}, updates=99)
     d = _run_results(tmp_path, "d", {"gigpo": (1, 1, 1, 1)}, before=(0, 0, 1, 1))
     dup = _run_results(tmp_path, "dup", {"grpo": (0, 0, 0, 0)})
+    model = _run_results(tmp_path, "model", {"gigpo": (1, 1, 1, 1)})
+    other = json.loads((tmp_path / "model" / "results.json").read_text())
+    other["envs"]["WebShop-v0"]["model"] = "other"
+    (tmp_path / "model" / "results.json").write_text(json.dumps(other))
+    empty = _run_results(tmp_path, "empty", {"gigpo": (1, 1, 1, 1)})
+    (tmp_path / "empty" / "results.json").write_text(json.dumps({**other, "envs": {"WebShop-v0": {"model": "x"}}}))
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "results.json").write_text("{oops")
     for args, match in (([a, c], r"c/results\.json and .*a/results\.json were run with different settings \(updates\)"),
                         ([a, d], r"d/results\.json and .*: the start model's held-out episodes of WebShop-v0 differ"),
+                        ([a, model], r"model/results\.json and .* start WebShop-v0 from different models \(other and "
+                                     r"tiny-webshop\)"),
+                        ([a, empty], r"empty/results\.json: WebShop-v0 lacks the start model's held-out outcomes"),
                         ([a, dup], r"grpo on WebShop-v0 is in both .*a/results\.json and .*dup/results\.json"),
                         ([a, str(tmp_path / "bad")], r"bad/results\.json: not a readable results\.json"),
                         ([a], r"two runs or more")):
