@@ -25,6 +25,17 @@ def parse_value(text: str):
         return text
 
 
+def parse_env_kwargs(parser: argparse.ArgumentParser, text: str) -> dict:
+    """The value of an ``--env-kwargs`` option: a JSON object, else a usage error of ``parser``."""
+    try:
+        kwargs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        parser.error(f"--env-kwargs is not JSON ({exc}): {text!r}")
+    if not isinstance(kwargs, dict):
+        parser.error(f"--env-kwargs must be a JSON object, got {text!r}")
+    return kwargs
+
+
 def _parse_kv(pairs: Sequence[str], what: str) -> dict:
     out = {}
     for p in pairs:

@@ -160,7 +160,7 @@ def _restore_cache(policy, snap) -> None:
 def rollout_main(argv: Sequence[str]) -> int:
     """Rollout throughput, env vs generation time, and the twin step's cost: with and without prefix
     reuse, and with calls grouped by context length or filled in request order."""
-    from twice_envs.agents.cli.rollout import parse_env_kwargs
+    from twice_envs.play import parse_env_kwargs
     from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
 
     parser = argparse.ArgumentParser(prog="twice bench rollout", description=rollout_main.__doc__)

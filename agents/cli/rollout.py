@@ -27,6 +27,7 @@ from twice_envs.agents.sampling.devices import device_arg
 from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.agents.types import EpisodeRecord
 from twice_envs.errors import TrajectoryFormatError
+from twice_envs.play import parse_env_kwargs
 from twice_envs.trajectory import atomic_write_text, iter_json_lines
 
 
@@ -66,17 +67,6 @@ def model_help() -> str:
     own = ", ".join(f"{e}: {model_for_env(e)}" for e in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0"))
     return (f"a shipped model ({', '.join(NAMED_MODELS)}, {SMOLLM2_NAME}) or a local Hugging Face model "
             f"directory (default: the env's own shipped start model; {own})")
-
-
-def parse_env_kwargs(parser: argparse.ArgumentParser, text: str) -> dict:
-    """The value of an ``--env-kwargs`` option: a JSON object, else a usage error of ``parser``."""
-    try:
-        kwargs = json.loads(text)
-    except json.JSONDecodeError as exc:
-        parser.error(f"--env-kwargs is not JSON ({exc}): {text!r}")
-    if not isinstance(kwargs, dict):
-        parser.error(f"--env-kwargs must be a JSON object, got {text!r}")
-    return kwargs
 
 
 def rollout_main(argv: Sequence[str]) -> int:

@@ -10,7 +10,8 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from twice_envs.agents import stats as cs
-from twice_envs.agents.cli.rollout import model_help, parse_env_kwargs
+from twice_envs.agents.cli.rollout import model_help
+from twice_envs.play import parse_env_kwargs
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
 from twice_envs.agents.models.dirs import SMOLLM2_NAME, TINY_NAME
