@@ -1,7 +1,8 @@
 """Rollouts and twin rollouts of a policy on any registered env, through the uniform step API.
 
 :func:`rollout` runs groups of episodes (GRPO groups: ``group_size`` episodes per task),
-generating one turn for every live episode in a single batched call per step.
+generating one turn for every live episode at each step, in batched calls whose rows have
+contexts of similar length (:func:`generate_in_batches`).
 :func:`branch_rollouts` forks factual episodes at a turn, samples an alternative turn
 on branch ``k >= 1`` and continues it with the factual noise (coupled twins) or fresh
 noise (independent counterfactuals), batched across all requests. It runs in two
