@@ -9,18 +9,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections import OrderedDict
 from typing import Sequence
 
 import torch
 
 from twice_envs._deps import available
 from twice_envs.agents.models.load import load_policy, resolve_model_dir
+from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
 from twice_envs.agents.rollout import episodes as R
 from twice_envs.agents.rollout.context import initial_prompt_ids
 from twice_envs.agents.sampling.policy import GenerationRequest, SamplingConfig
 from twice_envs.keys import NoiseKey
 from twice_envs.noise import sampling_logprobs
+from twice_envs.play import parse_env_kwargs
 
 
 class PlainSampler:
@@ -146,23 +147,9 @@ def _vllm_overhead(model: str, top_p: float) -> int:
     return 0
 
 
-def _cache_snapshot(policy):
-    """The prefix cache's entries (their tensors are never written to, so a shallow copy keeps them)."""
-    c = policy.prefix_cache
-    return OrderedDict(c._entries), dict(c._by_len), c.bytes
-
-
-def _restore_cache(policy, snap) -> None:
-    c = policy.prefix_cache
-    c._entries, c._by_len, c.bytes = OrderedDict(snap[0]), dict(snap[1]), snap[2]
-
-
 def rollout_main(argv: Sequence[str]) -> int:
     """Rollout throughput, env vs generation time, and the twin step's cost: with and without prefix
     reuse, and with calls grouped by context length or filled in request order."""
-    from twice_envs.play import parse_env_kwargs
-    from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
-
     parser = argparse.ArgumentParser(prog="twice bench rollout", description=rollout_main.__doc__)
     parser.add_argument("--env", default="SearchQA-v0")
     parser.add_argument("--model", default="tiny")
@@ -197,12 +184,12 @@ def rollout_main(argv: Sequence[str]) -> int:
 
     # one twin per factual turn, run three ways from the same kept prefix cache (the rollout's)
     reqs = [R.BranchRequest(i, t, branch=1) for i, e in enumerate(eps) for t in range(len(e.turns))]
-    snap = _cache_snapshot(policy)
+    snap = policy.prefix_cache.snapshot()
     results, turns = {}, {}
     for name, reuse, by_length in (("no reuse", False, True), ("reuse, request order", True, False),
                                    ("reuse, by length", True, True)):
         policy.prefix_reuse = reuse
-        _restore_cache(policy, snap)
+        policy.prefix_cache.restore(snap)
         before = (policy.stats.prefill_tokens, policy.stats.reused_tokens)
         t0 = time.perf_counter()
         twins = R.branch_rollouts(policy, eps, reqs, sampling=sampling, by_length=by_length)

@@ -11,7 +11,6 @@ import numpy as np
 
 from twice_envs.agents import stats as cs
 from twice_envs.agents.cli.rollout import model_help
-from twice_envs.play import parse_env_kwargs
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
 from twice_envs.agents.models.dirs import SMOLLM2_NAME, TINY_NAME
@@ -24,6 +23,7 @@ from twice_envs.agents.models.recipes import NAMED_MODELS, play_max_turns, train
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
 from twice_envs.agents.training.trainer import read_metrics, train
+from twice_envs.play import parse_env_kwargs
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

@@ -151,6 +151,16 @@ class PrefixCache:
         self._by_len.clear()
         self.bytes = 0
 
+    def snapshot(self) -> tuple:
+        """The kept entries as they are now, for :meth:`restore` (a shallow copy: kept tensors are never
+        written to)."""
+        return OrderedDict(self._entries), dict(self._by_len), self.bytes
+
+    def restore(self, snapshot: tuple) -> None:
+        """Keep exactly the entries of ``snapshot`` (from :meth:`snapshot`) again; the counters stay."""
+        entries, by_len, nbytes = snapshot
+        self._entries, self._by_len, self.bytes = OrderedDict(entries), dict(by_len), nbytes
+
     def put(self, ids: Sequence[int], kv: list[tuple[torch.Tensor, torch.Tensor]], size: Optional[int] = None) -> None:
         """Keep ``kv`` (per layer ``(H, T, D)`` keys and values, ``T = len(ids)``) for ``ids``."""
         key = tuple(int(x) for x in ids)
