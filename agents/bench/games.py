@@ -437,7 +437,7 @@ def _print_paired(env_id: str, now: dict, then: dict, path: str) -> None:
           f"over {pair['n']} episodes ({verdict})")
 
 
-def parse_env_kwargs(items: Sequence[str]) -> dict:
+def parse_train_kwargs(items: Sequence[str]) -> dict:
     """``["WebShop-v0:reward=success", ...]`` as ``{"WebShop-v0": {"reward": "success"}}``; a value is read
     as JSON where it is JSON (numbers, true, null...), else kept as a string. A malformed item raises
     :class:`ValueError` naming it."""
@@ -511,7 +511,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if a.eval_every < 0 or (a.micro_batch is not None and a.micro_batch < 1):
         p.error("--eval-every must be >= 0 and --micro-batch >= 1")
     try:
-        train_kwargs = parse_env_kwargs(a.train_kwarg)
+        train_kwargs = parse_train_kwargs(a.train_kwarg)
     except ValueError as exc:
         p.error(f"--train-kwarg: {exc}")
     cfg = GamesBenchConfig(
