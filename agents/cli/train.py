@@ -13,13 +13,13 @@ from twice_envs.agents import stats as cs
 from twice_envs.agents.cli.rollout import model_help
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
-from twice_envs.agents.models.dirs import SMOLLM2_NAME, TINY_NAME
+from twice_envs.agents.models.dirs import SMOLLM2_NAME
 from twice_envs.agents.models.load import (
     env_model,
     load_policy,
     load_run_policy,
 )
-from twice_envs.agents.models.recipes import NAMED_MODELS, play_max_turns, trained_env_kwargs, trained_window
+from twice_envs.agents.models.recipes import NAMED_MODELS, play_settings
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
 from twice_envs.agents.training.trainer import read_metrics, train
@@ -74,14 +74,12 @@ def train_main(argv: Sequence[str]) -> int:
     a = p.parse_args(argv)
     a.model, model_dir = env_model(a.model, a.env)
     base = cpu_config() if a.model in NAMED_MODELS and not a.published else published_config()
-    env_kwargs = {**trained_env_kwargs(model_dir, a.env), **parse_env_kwargs(p, a.env_kwargs)}
+    # a game model plays the env kwargs, window and turn cap of its transcripts (tiny-webshop 6 turns,
+    # tiny-alfworld 12), a windowed one to the env's limit (smol-alfworld: 50)
+    played = play_settings(a.model, model_dir, a.env, base.max_turns)
+    played["env_kwargs"] = {**played["env_kwargs"], **parse_env_kwargs(p, a.env_kwargs)}
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
-                            "seed": a.seed, "env_kwargs": env_kwargs, "window": trained_window(model_dir),
-                            # a game model plays the turn cap of its transcripts (tiny-webshop 6, tiny-alfworld 12),
-                            # a windowed one the env's limit (smol-alfworld: 50);
-                            # the SearchQA model keeps the CPU setting's 4 turns its figures were measured with
-                            "max_turns": (base.max_turns if a.model == TINY_NAME else
-                                          play_max_turns(model_dir, base.max_turns)),
+                            "seed": a.seed, **played,
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
                       ("lr", "lr"), ("critic_lr", "critic_lr"), ("max_new_tokens", "max_new_tokens"),
@@ -147,8 +145,8 @@ def eval_main(argv: Sequence[str]) -> int:
         env = a.env or "SearchQA-v0"
         _, path = env_model(a.checkpoint, env)  # warns when the model was built for another env
         policy = load_policy(a.checkpoint)
-        cfg = cpu_config(model=a.checkpoint, env=env, env_kwargs=trained_env_kwargs(path, env),
-                         window=trained_window(path))
+        cfg = cpu_config(model=a.checkpoint, env=env,
+                         **play_settings(a.checkpoint, path, env, cpu_config().max_turns))
     else:
         policy, cfg = load_run_policy(a.checkpoint)
     if a.env:

@@ -94,7 +94,9 @@ from twice_envs.agents.lab.runner import (
     write_budget,
     write_method_table,
 )
-from twice_envs.agents.models.load import load_policy, load_run_policy
+from twice_envs.agents.models.dirs import SMOLLM2_NAME
+from twice_envs.agents.models.load import env_model, load_policy, load_run_policy
+from twice_envs.agents.models.recipes import NAMED_MODELS, play_settings
 from twice_envs.agents.rollout.episodes import (
     BranchRequest,
     Task,
@@ -109,7 +111,12 @@ from twice_envs.agents.training.trainer import split_size
 from twice_envs.agents.records import AUDIT_EPISODES, decision_lines, write_lines
 from twice_envs.errors import TwiceError
 from twice_envs.keys import audit_seed
+from twice_envs.play import parse_env_kwargs
 from twice_envs.trajectory import atomic_write_text
+
+
+#: The model names ``--checkpoint`` takes besides a run directory.
+SHIPPED = (*NAMED_MODELS, SMOLLM2_NAME)
 
 
 class NothingToAudit(TwiceError):
@@ -155,6 +162,9 @@ class AuditConfig:
     """Tokens per turn."""
     max_turns: Optional[int] = 4
     """Turn cap."""
+    window: Optional[int] = None
+    """Turns of history in the model's context (None: the whole episode); a windowed model is
+    audited with the window it plays with."""
     temperature: float = 1.0
     """Sampling temperature."""
     indexed_tasks: bool = True
@@ -291,7 +301,8 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
         raise ValueError(f"oracle_rollouts must be >= 1, got {config.oracle_rollouts}")
     sampling = SamplingConfig(temperature=config.temperature, max_new_tokens=config.max_new_tokens)
     eps = rollout(policy, config.env, _tasks(config), group_size=config.group_size, sampling=sampling,
-                  env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns)
+                  env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns,
+                  window=config.window)
     utilities = [e.utility for e in eps]
     audited = [g * config.group_size for g in range(config.questions)]
     if config.mixed_only:
@@ -412,7 +423,7 @@ def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, cre
         if method.rollouts > 1:
             extra = rollout(policy, config.env, _tasks(config), group_size=config.group_size * (method.rollouts - 1),
                             sampling=sampling, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
-                            noise_seed=audit_seed(config.seed, "extra-factual", index=k))
+                            window=config.window, noise_seed=audit_seed(config.seed, "extra-factual", index=k))
         seed = audit_seed(config.seed, "update-rows", index=k)
         res = credit_step(name, policy, list(eps) + list(extra), config=TwiceConfig(beta=config.beta, warmup_updates=0),
                           sampling=sampling, rng=np.random.default_rng(seed), update=0, noise_seed=seed,
@@ -587,8 +598,11 @@ def audit_main(argv: Sequence[str]) -> int:
     if any(a in LAB_ENVS for a in argv) and "--checkpoint" not in argv:
         return lab_main(argv)
     p = argparse.ArgumentParser(prog="twice audit", description="Credit audit against oracle advantages.")
-    p.add_argument("--checkpoint", required=True, help="run directory, its checkpoint/, or 'tiny'")
+    p.add_argument("--checkpoint", required=True,
+                   help="run directory, its checkpoint/, or a shipped model (" + ", ".join(SHIPPED) + ")")
     p.add_argument("--env", default="SearchQA-v0")
+    p.add_argument("--env-kwargs", default="{}",
+                   help="JSON kwargs for the env, over those the model was trained with (e.g. {\"reward\": \"success\"})")
     p.add_argument("--questions", type=int, default=AuditConfig.questions)
     p.add_argument("--oracle-rollouts", type=int, default=AuditConfig.oracle_rollouts,
                    help="independent rollouts per state for the oracle A* (default %(default)s; the table's header "
@@ -610,15 +624,19 @@ def audit_main(argv: Sequence[str]) -> int:
         p.error("--pairs and --vine-k must be >= 1")
     if a.oracle_rollouts < 1:
         p.error("--oracle-rollouts must be >= 1")
-    if a.checkpoint in ("tiny", "smollm2-135m"):
-
-        policy, tcfg = load_policy(a.checkpoint), cpu_config(model=a.checkpoint)
+    extra_kwargs = parse_env_kwargs(p, a.env_kwargs)
+    if a.checkpoint in SHIPPED:  # played as `twice train` plays it on this env
+        _, path = env_model(a.checkpoint, a.env)
+        policy = load_policy(a.checkpoint)
+        tcfg = cpu_config(model=a.checkpoint, env=a.env, **play_settings(a.checkpoint, path, a.env, cpu_config().max_turns))
         out = Path(a.out or "audit")
     else:
         policy, tcfg = load_run_policy(a.checkpoint)
         run = Path(a.checkpoint)
         out = Path(a.out) if a.out else (run.parent if run.name == "checkpoint" else run) / "audit"
-    cfg = AuditConfig(env=a.env, env_kwargs=tcfg.env_kwargs if a.env == tcfg.env else {}, questions=a.questions,
+    same_env = a.env == tcfg.env
+    cfg = AuditConfig(env=a.env, env_kwargs={**(tcfg.env_kwargs if same_env else {}), **extra_kwargs},
+                      questions=a.questions, window=tcfg.window if same_env else None,
                       oracle_rollouts=a.oracle_rollouts, group_size=a.group_size, mixed_only=a.mixed_only,
                       max_new_tokens=a.max_new_tokens or tcfg.max_new_tokens, max_turns=tcfg.max_turns,
                       indexed_tasks=tcfg.indexed_tasks, seed=a.seed, pairs=tuple(sorted(set(a.pairs))),

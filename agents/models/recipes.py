@@ -184,6 +184,8 @@ class TinyModelConfig:
 #: * ``alfworld``: the shipped ``tiny-alfworld`` model (ALFWorld transcripts on generated games).
 #: * ``alfworld-window``, ``alfworld-dagger``, ``alfworld-search``, ``alfworld-search-notes``,
 #:   ``alfworld-smol``: continuations of ``alfworld`` with a one-turn window (not shipped).
+#: * ``alfworld-smol-task``: ``alfworld-smol`` with the task sentence repeated in every observation
+#:   (``show_task``), so that a one-turn window holds the task's verb beside each decision.
 #: * ``webshop-base`` -> ``webshop-polish`` -> ``webshop-polish2`` -> ``webshop-polish3`` ->
 #:   ``webshop``: the chain of continuations that builds the shipped ``tiny-webshop`` model.
 RECIPES: dict[str, TinyModelConfig] = {
@@ -222,6 +224,8 @@ RECIPES["alfworld-smol"] = replace(
     RECIPES["alfworld-search"], base_model=SMOLLM2_NAME, start_from=None, adapter_layers=12, adapter_rank=16,
     episodes_per_env=300, skill_range=(0.8, 1.0), mistake_weight=1.0, renamed_copies=0, max_len=2048, steps=1440,
     lr=4e-4, threads=2, seed=201)
+RECIPES["alfworld-smol-task"] = replace(
+    RECIPES["alfworld-smol"], env_kwargs={"ALFWorld-v0": {"show_admissible": True, "show_task": True}}, seed=202)
 RECIPES["webshop-polish"] = replace(RECIPES["webshop-base"], start_from="webshop-base", seed=2, steps=1000, lr=3e-4,
                                     mistake_weight=0.0)
 RECIPES["webshop-polish2"] = replace(RECIPES["webshop-polish"], start_from="webshop-polish", seed=3, max_len=2048)
@@ -354,6 +358,16 @@ def play_max_turns(path: os.PathLike, default: Optional[int]) -> Optional[int]:
         return None
     turns = trained_max_turns(path)
     return default if turns is None else turns
+
+
+def play_settings(model: str, path: os.PathLike, env_id: str, default_max_turns: Optional[int]) -> dict:
+    """The settings a command plays ``env_id`` with when it plays the named ``model`` (folder ``path``):
+    ``env_kwargs`` and ``window`` of its transcripts (:func:`trained_env_kwargs`, :func:`trained_window`)
+    and the turn cap (:func:`play_max_turns`; the SearchQA model ``tiny`` keeps ``default_max_turns``,
+    the cap its figures were measured with). ``twice train``, ``twice eval`` and ``twice audit`` use it,
+    so a shipped model plays the same env in each."""
+    return {"env_kwargs": trained_env_kwargs(path, env_id), "window": trained_window(path),
+            "max_turns": default_max_turns if model == TINY_NAME else play_max_turns(path, default_max_turns)}
 
 
 def same_build(a: os.PathLike, b: os.PathLike) -> bool:

@@ -100,3 +100,30 @@ def test_each_env_defaults_to_its_own_shipped_model_and_a_foreign_model_is_named
     assert cfg.model == "tiny-webshop" and cfg.env_kwargs.get("show_admissible") is True
     assert cfg.max_turns == 6  # the turn cap of tiny-webshop's transcripts (SearchQA's CPU default is 4)
     assert cfg.lr == train_cli.cpu_config().lr  # the CPU settings of a shipped model
+
+
+def test_audit_and_eval_play_a_shipped_game_model_as_train_does(monkeypatch, capsys):
+    """`twice audit --checkpoint tiny-webshop` and `twice eval --checkpoint tiny-webshop` play WebShop with the
+    model's transcript settings (show_admissible, 6 turns), and the audit's --env-kwargs go over them."""
+    from twice_envs.agents.cli import train as train_cli
+    from twice_envs.agents.lab import audit
+
+    seen = {}
+    monkeypatch.setattr(audit, "load_policy", lambda name: name)
+    monkeypatch.setattr(audit, "run_audit", lambda policy, cfg, log: seen.setdefault("audit", cfg) and None)
+    monkeypatch.setattr(audit, "format_table", lambda res: "")
+    monkeypatch.setattr(audit, "write_outputs", lambda res, out: {})
+    assert audit.audit_main(["--checkpoint", "tiny-webshop", "--env", "WebShop-v0",
+                             "--env-kwargs", '{"reward": "success"}']) == 0
+    cfg = seen["audit"]
+    assert cfg.env_kwargs == {"show_admissible": True, "reward": "success"}
+    assert cfg.max_turns == 6 and cfg.window is None
+    with pytest.raises(SystemExit):
+        audit.audit_main(["--checkpoint", "tiny-webshop", "--env", "WebShop-v0", "--env-kwargs", "[1]"])
+    assert "--env-kwargs" in capsys.readouterr().err
+
+    monkeypatch.setattr(train_cli, "load_policy", lambda name: name)
+    monkeypatch.setattr(train_cli, "evaluate", lambda policy, cfg, **kw: seen.setdefault("eval", cfg) and None)
+    with pytest.raises(TypeError):  # the stub returns no result; the config is what is checked
+        train_cli.eval_main(["--checkpoint", "tiny-webshop", "--env", "WebShop-v0"])
+    assert seen["eval"].max_turns == 6 and seen["eval"].env_kwargs == {"show_admissible": True}
