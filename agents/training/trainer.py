@@ -87,7 +87,11 @@ def init_state(config: TrainConfig, policy) -> TrainState:
 
 
 def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) -> dict:
-    """PPO-clip + KL on the factual episodes: ``config.minibatches`` AdamW steps."""
+    """PPO-clip + KL on the factual episodes: ``config.minibatches`` AdamW steps.
+
+    Returns the loss, its policy-gradient and KL parts, the clipped share of tokens and
+    ``grad_norm``, the gradient norm before clipping to ``config.max_grad_norm`` (each a mean
+    over the minibatches)."""
     import torch
 
     if config.micro_batch is not None and config.micro_batch < 1:
@@ -99,7 +103,7 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     lengths = [sum(len(seg[0]) for seg in pack_segments(e)) for e in episodes]
     order = np.lexsort((state.rng.random(len(episodes)), lengths))
     chunks = [c for c in np.array_split(order, max(1, min(config.minibatches, len(episodes)))) if len(c)]
-    agg = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
+    agg = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
     for chunk in chunks:
         # micro-batches: the gradients of one minibatch accumulate, each loss divided by the minibatch's tokens
         size = config.micro_batch or len(chunk)
@@ -116,7 +120,8 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
             agg["loss"] += float(loss.detach()) / len(chunks)
             for k in ("pg_loss", "kl", "clip_frac"):
                 agg[k] += stats[k] / len(chunks)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        # the norm before clipping (mean over the minibatches): above max_grad_norm, the step was shrunk
+        agg["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)) / len(chunks)
         state.optimizer.step()
         state.scheduler.step()
     clear_prefix_cache(state.policy)

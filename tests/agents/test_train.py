@@ -409,8 +409,8 @@ def test_micro_batches_accumulate_to_the_same_step(tmp_path, policy_factory, mon
     state, episodes, _, config = seen[0]
     advantages = [np.full(len(e.turns), 1.0 if i % 3 else -1.5) for i, e in enumerate(episodes)]  # something to learn
     start = [p.detach().clone() for p in state.policy.model.parameters()]
-    whole, split = copy.deepcopy(state), copy.deepcopy(state)
-    for st in (whole, split):  # plain SGD: the parameter change is the gradient itself (Adam's first step is its sign)
+    whole, split, unclipped, clipped = (copy.deepcopy(state) for _ in range(4))
+    for st in (whole, split, unclipped, clipped):  # plain SGD: the parameter change is the gradient itself (Adam's first step is its sign)
         st.optimizer = torch.optim.SGD(st.policy.model.parameters(), lr=0.1)
         st.scheduler = torch.optim.lr_scheduler.LambdaLR(st.optimizer, lambda step: 1.0)
     m_whole = real(whole, episodes, advantages, config)
@@ -420,5 +420,11 @@ def test_micro_batches_accumulate_to_the_same_step(tmp_path, policy_factory, mon
         torch.testing.assert_close(a - p0, b - p0, rtol=1e-4, atol=1e-7)
         moved = max(moved, float((a - p0).abs().max()))
     assert moved > 1e-5  # the parameters did move
-    for k in ("loss", "pg_loss", "kl", "clip_frac"):
+    for k in ("loss", "pg_loss", "kl", "clip_frac", "grad_norm"):
         assert m_split[k] == pytest.approx(m_whole[k], rel=1e-4, abs=1e-7)
+    # grad_norm is the norm before clipping: a clip far below it leaves the figure as it was
+    # (one minibatch: a second one's gradient would depend on how far the first step moved)
+    one = replace(config, minibatches=1)
+    m_one = real(unclipped, episodes, advantages, one)
+    m_clipped = real(clipped, episodes, advantages, replace(one, max_grad_norm=1e-9))
+    assert m_one["grad_norm"] > 1e-3 and m_clipped["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-4)
