@@ -39,8 +39,8 @@ from twice_envs.agents.stats import (
     pairs_resolution,
     wilson,
 )
-from twice_envs.agents.training.config import cpu_config
-from twice_envs.agents.training.trainer import train
+from twice_envs.agents.training.config import cpu_config, read_run_config
+from twice_envs.agents.training.trainer import read_metrics, train
 from twice_envs.play import parse_value
 from twice_envs.trajectory import atomic_write_text
 
@@ -97,6 +97,10 @@ class GamesBenchConfig:
     micro_batch: Optional[int] = None
     """Episodes per forward/backward pass of an update (:attr:`TrainConfig.micro_batch`; None: a whole
     minibatch). Bounds the memory of large updates."""
+    resume: bool = False
+    """Continue each run whose folder holds a checkpoint to ``updates`` (:func:`continue_run`): a
+    comparison measured at one size is carried to a larger one without training its first updates
+    again; the curve points evaluated before (``curve.json`` of each run) are kept."""
     eval_noise_seed: int = 10**6 + 1
     """Noise seed of the held-out evaluations of training seed 0 (seed ``s`` uses this plus ``s``): the same
     seed gives the same held-out luck, so runs with the same seed pair up episode by episode."""
@@ -125,8 +129,42 @@ class GamesBenchConfig:
                        max_new_tokens=self.max_new_tokens or s.max_new_tokens, window=window)
 
 
+#: A run's held-out learning curve, ``[[update, outcomes], ...]``, in its folder (kept by ``--resume``).
+CURVE_FILE = "curve.json"
+#: Settings in which a continued run may differ from the run it continues.
+RESUME_FREE = ("updates", "out_dir")
+
+
+def continue_run(tc, out: Path) -> list:
+    """Check that the run in ``out`` can be continued with the settings ``tc`` and return its saved curve.
+
+    Its ``config.json`` must match ``tc`` except in :data:`RESUME_FREE`, and it must hold no more
+    updates than ``tc.updates``; otherwise a ``ValueError`` names the file and what differs. A folder
+    without a checkpoint is a fresh start (an empty curve)."""
+    if not (out / "checkpoint" / "state.pt").exists():
+        return []
+    file = out / "config.json"
+    saved = read_run_config(file).to_json()
+    new = tc.to_json()
+    differ = sorted(k for k in set(saved) | set(new) if k not in RESUME_FREE and saved.get(k) != new.get(k))
+    if differ:
+        raise ValueError(f"{file}: the run was trained with other settings; "
+                         + "; ".join(f"{k}: {saved.get(k)!r} there, {new.get(k)!r} now" for k in differ))
+    done = max((r.get("update", 0) for r in read_metrics(out / "metrics.jsonl")), default=0) \
+        if (out / "metrics.jsonl").exists() else 0
+    if done > tc.updates:
+        raise ValueError(f"{out}: the run already holds {done} updates, more than --updates {tc.updates}")
+    curve_file = out / CURVE_FILE
+    try:
+        curve = json.loads(curve_file.read_text()) if curve_file.exists() else []
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{curve_file}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
+    return [(int(u), list(o)) for u, o in curve if int(u) <= done]
+
+
 def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path, s: GameSetting):
     tc = cpu_config(env=env_id, env_kwargs=dict(s.env_kwargs), method=method, seed=seed, updates=cfg.updates,
+                    model=cfg.start_model(env_id),
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
                     window=s.window, max_new_tokens=s.max_new_tokens, lr=cfg.lr, filter_groups=cfg.filter_groups,
                     indexed_tasks=False, checkpoint_every=10**9, micro_batch=cfg.micro_batch,
@@ -135,9 +173,21 @@ def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, ou
     return replace(tc, twice=replace(tc.twice, beta=cfg.beta))
 
 
+def check_resumable(cfg: GamesBenchConfig) -> None:
+    """With ``cfg.resume``: check every run the bench would continue (:func:`continue_run`) before
+    any of them trains, so that a run of other settings is refused at once, not after the others."""
+    for env_id in cfg.envs if cfg.resume else ():
+        setting = cfg.setting(env_id)
+        for method in cfg.methods:
+            for seed in cfg.seeds:
+                out = Path(cfg.out) / env_id / f"{method}-s{seed}"
+                continue_run(_train_config(cfg, env_id, method, seed, out, setting), out)
+
+
 def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     """Train every method from the same start model on every env; returns (and writes) the results."""
 
+    check_resumable(cfg)
     root = Path(cfg.out)
     results: dict = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}, "envs": {}}
     for env_id in cfg.envs:
@@ -162,18 +212,22 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
             for seed in cfg.seeds:
                 out = root / env_id / f"{method}-s{seed}"
                 policy = load_policy(model)  # trained in place
-                curve: list = []  # (update, held-out outcomes) while training, with --eval-every
+                tc = _train_config(cfg, env_id, method, seed, out, setting)
+                # (update, held-out outcomes) while training, with --eval-every; a continued run keeps its own
+                curve: list = continue_run(tc, out) if cfg.resume else []
 
-                def on_update(m: dict, policy=policy, seed=seed, curve=curve) -> None:
+                def on_update(m: dict, policy=policy, seed=seed, curve=curve, out=out) -> None:
                     if cfg.eval_every and m["update"] % cfg.eval_every == 0 and m["update"] < cfg.updates:
                         curve.append((m["update"], held_out(policy, seed)["all"]["outcomes"]))
+                        atomic_write_text(out / CURVE_FILE, json.dumps(curve))
                         log(f"{env_id} {method} seed {seed} update {m['update']}: held-out success "
                             f"{np.mean(curve[-1][1]):.3f}")
 
-                rows = train(_train_config(cfg, env_id, method, seed, out, setting), policy=policy, progress=False,
-                             log=on_update)
+                train(tc, policy=policy, progress=False, log=on_update, resume=cfg.resume)
+                rows = read_metrics(out / "metrics.jsonl")  # every update, those of a continued run's start too
                 after = held_out(policy, seed)
                 curve.append((cfg.updates, after["all"]["outcomes"]))
+                atomic_write_text(out / CURVE_FILE, json.dumps(curve))
                 per_seed.append({"seed": seed, "after": after, "train": rows, "curve": curve,
                                  "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
@@ -249,7 +303,7 @@ def method_pairs(methods: dict) -> dict:
 
 #: Settings that may differ between runs joined by :func:`merge_results`: they do not change what a
 #: method is trained on or how its final evaluation is drawn.
-MERGE_FREE = ("methods", "out", "eval_every")
+MERGE_FREE = ("methods", "out", "eval_every", "resume")
 
 
 def _compared_settings(results: dict) -> dict:
@@ -484,6 +538,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--merge", nargs="+", default=None, metavar="RUN",
                    help="join the results of runs of other methods (their --out folders, run alike, e.g. one "
                         "process per core) into one comparison with paired differences; writes OUT/results.json")
+    p.add_argument("--resume", action="store_true",
+                   help="continue each run of OUT that holds a checkpoint to --updates (the same settings "
+                        "otherwise): measure a comparison at a larger size without training its first updates again")
     p.add_argument("--max-turns", type=int, default=None, help="turn cap (default: per env)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn (default: per env)")
     p.add_argument("--eval-only", action="store_true",
@@ -520,7 +577,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, lr=a.lr, filter_groups=a.filter_groups, out=a.out,
         max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens, eval_every=a.eval_every, train_kwargs=train_kwargs or None,
-        micro_batch=a.micro_batch, eval_noise_seed=a.eval_noise_seed,
+        micro_batch=a.micro_batch, eval_noise_seed=a.eval_noise_seed, resume=a.resume,
         model=dict(x.split("=", 1) for x in a.model) or None)
     bad = [m for m in cfg.methods if m not in registered_methods()]
     if bad:
@@ -530,6 +587,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error(f"unknown game env(s) {unknown}; choose from {', '.join(GAMES)}")
     if a.eval_only:
         return _eval_only(cfg, a.device, a.against)
+    try:
+        check_resumable(cfg)
+    except ValueError as exc:
+        p.error(f"--resume: {exc}")
     res = run_games_bench(cfg)
     print(report(res))
     print(f"results: {Path(cfg.out) / 'results.json'}")

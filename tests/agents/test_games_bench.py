@@ -15,6 +15,7 @@ from twice_envs.agents import stats
 from twice_envs.agents.bench import games as gb
 from twice_envs.agents.bench import heldout
 from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.training.trainer import RunExistsError
 
 
 def test_wilson_interval_matches_the_formula():
@@ -355,3 +356,32 @@ def test_merge_joins_runs_of_other_methods_into_one_paired_comparison(tmp_path, 
             gb.main(["--merge", *args, "--out", str(tmp_path / "never")])
         assert re.search(match, capsys.readouterr().err), match
     assert not (tmp_path / "never").exists()
+
+
+def test_resume_continues_each_run_to_more_updates_and_keeps_its_curve(tmp_path, monkeypatch):
+    """`--resume` carries a comparison to more updates: each run continues from its checkpoint (its first
+    updates are not trained again), its earlier curve points are kept, and a run of other settings or with
+    more updates than asked is refused by name."""
+    base = dict(envs=("WebShop-v0",), methods=("grpo",), seeds=(0,), tasks_per_update=1, group_size=2, eval_tasks=2,
+                eval_samples=1, out=str(tmp_path), model={"WebShop-v0": str(tiny_dir())}, max_turns=2,
+                max_new_tokens=8, eval_every=1)
+    run = tmp_path / "WebShop-v0" / "grpo-s0"
+    first = gb.run_games_bench(gb.GamesBenchConfig(updates=2, **base), log=lambda m: None)
+    rows_before = (run / "metrics.jsonl").read_text().splitlines()
+    assert json.loads((run / "config.json").read_text())["model"] == str(tiny_dir())  # the model it trained
+    with pytest.raises(RunExistsError):
+        gb.run_games_bench(gb.GamesBenchConfig(updates=4, **base), log=lambda m: None)  # not without --resume
+    started = []
+    train = gb.train
+    monkeypatch.setattr(gb, "train", lambda config, **kw: started.append(kw["resume"]) or train(config, **kw))
+    res = gb.run_games_bench(gb.GamesBenchConfig(updates=4, resume=True, **base), log=lambda m: None)
+    rows = (run / "metrics.jsonl").read_text().splitlines()
+    assert started == [True] and rows[:2] == rows_before and [json.loads(r)["update"] for r in rows] == [1, 2, 3, 4]
+    curve = res["envs"]["WebShop-v0"]["methods"]["grpo"]["curve"]
+    assert [c["update"] for c in curve] == [1, 2, 3, 4]
+    assert curve[0] == first["envs"]["WebShop-v0"]["methods"]["grpo"]["curve"][0]  # kept from curve.json
+    with pytest.raises(ValueError, match=r"config.json.*lr: 0.0002 there, 0.001 now"):
+        gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **{**base, "lr": 1e-3}))
+    with pytest.raises(ValueError, match="already holds 4 updates, more than --updates 3"):
+        gb.check_resumable(gb.GamesBenchConfig(updates=3, resume=True, **base))
+    gb.check_resumable(gb.GamesBenchConfig(updates=3, **base))  # without --resume nothing is checked
