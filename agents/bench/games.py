@@ -129,18 +129,21 @@ class GamesBenchConfig:
                        max_new_tokens=self.max_new_tokens or s.max_new_tokens, window=window)
 
 
-#: A run's held-out learning curve, ``[[update, outcomes], ...]``, in its folder (kept by ``--resume``).
+#: A run's held-out learning curve in its folder (kept by ``--resume``): ``{"eval": the evaluation's
+#: noise seed, tasks and samples, "points": [[update, outcomes], ...]}``.
 CURVE_FILE = "curve.json"
 #: Settings in which a continued run may differ from the run it continues.
 RESUME_FREE = ("updates", "out_dir")
 
 
-def continue_run(tc, out: Path) -> list:
+def continue_run(tc, out: Path, evaluation: dict) -> list:
     """Check that the run in ``out`` can be continued with the settings ``tc`` and return its saved curve.
 
-    Its ``config.json`` must match ``tc`` except in :data:`RESUME_FREE`, and it must hold no more
-    updates than ``tc.updates``; otherwise a ``ValueError`` names the file and what differs. A folder
-    without a checkpoint is a fresh start (an empty curve)."""
+    Its ``config.json`` must match ``tc`` except in :data:`RESUME_FREE`, it must hold no more
+    updates than ``tc.updates``, and its saved curve must come from the same held-out episodes
+    (``evaluation``: noise seed, tasks and samples), so that every point pairs with the start
+    model's; otherwise a ``ValueError`` names the file and what differs. A folder without a
+    checkpoint is a fresh start (an empty curve)."""
     if not (out / "checkpoint" / "state.pt").exists():
         return []
     file = out / "config.json"
@@ -155,11 +158,22 @@ def continue_run(tc, out: Path) -> list:
     if done > tc.updates:
         raise ValueError(f"{out}: the run already holds {done} updates, more than --updates {tc.updates}")
     curve_file = out / CURVE_FILE
+    if not curve_file.exists():
+        return []
     try:
-        curve = json.loads(curve_file.read_text()) if curve_file.exists() else []
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{curve_file}: invalid JSON ({exc.msg}, line {exc.lineno})") from None
-    return [(int(u), list(o)) for u, o in curve if int(u) <= done]
+        saved_curve = json.loads(curve_file.read_text())
+        saved_eval = saved_curve["eval"]
+        points = [(int(u), [int(x) for x in o]) for u, o in saved_curve["points"]]
+    except (KeyError, TypeError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{curve_file}: not a curve file ({exc})") from None
+    if saved_eval != evaluation:
+        raise ValueError(f"{curve_file}: its points were evaluated on other held-out episodes "
+                         f"({saved_eval} there, {evaluation} now)")
+    return [(u, o) for u, o in points if u <= done]
+
+
+def _save_curve(out: Path, evaluation: dict, curve: list) -> None:
+    atomic_write_text(out / CURVE_FILE, json.dumps({"eval": evaluation, "points": curve}))
 
 
 def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, out: Path, s: GameSetting):
@@ -181,7 +195,14 @@ def check_resumable(cfg: GamesBenchConfig) -> None:
         for method in cfg.methods:
             for seed in cfg.seeds:
                 out = Path(cfg.out) / env_id / f"{method}-s{seed}"
-                continue_run(_train_config(cfg, env_id, method, seed, out, setting), out)
+                continue_run(_train_config(cfg, env_id, method, seed, out, setting), out,
+                             _evaluation(cfg, env_id, seed))
+
+
+def _evaluation(cfg: GamesBenchConfig, env_id: str, seed: int) -> dict:
+    """What decides the held-out episodes of a run's evaluations: noise seed, tasks and samples."""
+    tasks, samples = cfg.eval_size(env_id)
+    return {"noise_seed": cfg.eval_noise_seed + seed, "tasks": tasks, "samples": samples}
 
 
 def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
@@ -214,12 +235,13 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 policy = load_policy(model)  # trained in place
                 tc = _train_config(cfg, env_id, method, seed, out, setting)
                 # (update, held-out outcomes) while training, with --eval-every; a continued run keeps its own
-                curve: list = continue_run(tc, out) if cfg.resume else []
+                evaluation = _evaluation(cfg, env_id, seed)
+                curve: list = continue_run(tc, out, evaluation) if cfg.resume else []
 
-                def on_update(m: dict, policy=policy, seed=seed, curve=curve, out=out) -> None:
+                def on_update(m: dict, policy=policy, seed=seed, curve=curve, out=out, evaluation=evaluation) -> None:
                     if cfg.eval_every and m["update"] % cfg.eval_every == 0 and m["update"] < cfg.updates:
                         curve.append((m["update"], held_out(policy, seed)["all"]["outcomes"]))
-                        atomic_write_text(out / CURVE_FILE, json.dumps(curve))
+                        _save_curve(out, evaluation, curve)
                         log(f"{env_id} {method} seed {seed} update {m['update']}: held-out success "
                             f"{np.mean(curve[-1][1]):.3f}")
 
@@ -227,7 +249,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 rows = read_metrics(out / "metrics.jsonl")  # every update, those of a continued run's start too
                 after = held_out(policy, seed)
                 curve.append((cfg.updates, after["all"]["outcomes"]))
-                atomic_write_text(out / CURVE_FILE, json.dumps(curve))
+                _save_curve(out, evaluation, curve)
                 per_seed.append({"seed": seed, "after": after, "train": rows, "curve": curve,
                                  "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
                 log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "

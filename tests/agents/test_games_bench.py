@@ -385,3 +385,8 @@ def test_resume_continues_each_run_to_more_updates_and_keeps_its_curve(tmp_path,
     with pytest.raises(ValueError, match="already holds 4 updates, more than --updates 3"):
         gb.check_resumable(gb.GamesBenchConfig(updates=3, resume=True, **base))
     gb.check_resumable(gb.GamesBenchConfig(updates=3, **base))  # without --resume nothing is checked
+    with pytest.raises(ValueError, match=r"curve.json: its points were evaluated on other held-out episodes"):
+        gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **{**base, "eval_noise_seed": 5}))
+    (run / gb.CURVE_FILE).write_text("[[1, [0, 1]]]")  # not the file's layout
+    with pytest.raises(ValueError, match="curve.json: not a curve file"):
+        gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **base))
