@@ -123,7 +123,7 @@ def test_audit_and_eval_play_a_shipped_game_model_as_train_does(monkeypatch, cap
     assert "--env-kwargs" in capsys.readouterr().err
 
     monkeypatch.setattr(train_cli, "load_policy", lambda name: name)
-    monkeypatch.setattr(train_cli, "evaluate", lambda policy, cfg, **kw: seen.setdefault("eval", cfg) and None)
-    with pytest.raises(TypeError):  # the stub returns no result; the config is what is checked
-        train_cli.eval_main(["--checkpoint", "tiny-webshop", "--env", "WebShop-v0"])
+    result = {"em": 0.0, "em_ci": (0.0, 0.0), "f1": 0.0, "n": 0, "measure": "em", "measures": [], "per_dataset": {}}
+    monkeypatch.setattr(train_cli, "evaluate", lambda policy, cfg, **kw: seen.setdefault("eval", cfg) and result)
+    assert train_cli.eval_main(["--checkpoint", "tiny-webshop", "--env", "WebShop-v0"]) == 0
     assert seen["eval"].max_turns == 6 and seen["eval"].env_kwargs == {"show_admissible": True}
