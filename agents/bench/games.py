@@ -187,16 +187,19 @@ def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, ou
     return replace(tc, twice=replace(tc.twice, beta=cfg.beta))
 
 
-def check_resumable(cfg: GamesBenchConfig) -> None:
+def check_resumable(cfg: GamesBenchConfig) -> dict:
     """With ``cfg.resume``: check every run the bench would continue (:func:`continue_run`) before
-    any of them trains, so that a run of other settings is refused at once, not after the others."""
+    any of them trains, so that a run of other settings is refused at once, not after the others.
+    Returns each run's saved curve by ``(env_id, method, seed)`` (none without ``cfg.resume``)."""
+    curves = {}
     for env_id in cfg.envs if cfg.resume else ():
         setting = cfg.setting(env_id)
         for method in cfg.methods:
             for seed in cfg.seeds:
                 out = Path(cfg.out) / env_id / f"{method}-s{seed}"
-                continue_run(_train_config(cfg, env_id, method, seed, out, setting), out,
-                             _evaluation(cfg, env_id, seed))
+                curves[env_id, method, seed] = continue_run(_train_config(cfg, env_id, method, seed, out, setting),
+                                                            out, _evaluation(cfg, env_id, seed))
+    return curves
 
 
 def _evaluation(cfg: GamesBenchConfig, env_id: str, seed: int) -> dict:
@@ -208,7 +211,7 @@ def _evaluation(cfg: GamesBenchConfig, env_id: str, seed: int) -> dict:
 def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     """Train every method from the same start model on every env; returns (and writes) the results."""
 
-    check_resumable(cfg)
+    saved_curves = check_resumable(cfg)
     root = Path(cfg.out)
     results: dict = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}, "envs": {}}
     for env_id in cfg.envs:
@@ -234,9 +237,9 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
                 out = root / env_id / f"{method}-s{seed}"
                 policy = load_policy(model)  # trained in place
                 tc = _train_config(cfg, env_id, method, seed, out, setting)
-                # (update, held-out outcomes) while training, with --eval-every; a continued run keeps its own
                 evaluation = _evaluation(cfg, env_id, seed)
-                curve: list = continue_run(tc, out, evaluation) if cfg.resume else []
+                # (update, held-out outcomes) while training, with --eval-every; a continued run keeps its own
+                curve: list = saved_curves.get((env_id, method, seed), [])
 
                 def on_update(m: dict, policy=policy, seed=seed, curve=curve, out=out, evaluation=evaluation) -> None:
                     if cfg.eval_every and m["update"] % cfg.eval_every == 0 and m["update"] < cfg.updates:

@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from twice_envs.agents.models.dirs import SMOLLM2_NAME
 from twice_envs.agents.models.load import env_model, load_policy
 from twice_envs.agents.models.recipes import (
-    NAMED_MODELS,
+    MODEL_NAMES,
     model_for_env,
     trained_env_kwargs,
     trained_window,
@@ -65,7 +64,7 @@ def load_episodes(path: str | Path) -> list[EpisodeRecord]:
 def model_help() -> str:
     """The ``--model`` help of the commands that play an env."""
     own = ", ".join(f"{e}: {model_for_env(e)}" for e in ("SearchQA-v0", "WebShop-v0", "ALFWorld-v0"))
-    return (f"a shipped model ({', '.join(NAMED_MODELS)}, {SMOLLM2_NAME}) or a local Hugging Face model "
+    return (f"a shipped model ({', '.join(MODEL_NAMES)}) or a local Hugging Face model "
             f"directory (default: the env's own shipped start model; {own})")
 
 

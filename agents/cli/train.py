@@ -13,13 +13,13 @@ from twice_envs.agents import stats as cs
 from twice_envs.agents.cli.rollout import model_help
 from twice_envs.agents.credit.ablations import ABLATIONS
 from twice_envs.agents.credit.registry import describe, methods
-from twice_envs.agents.models.dirs import SMOLLM2_NAME
 from twice_envs.agents.models.load import (
     env_model,
     load_policy,
     load_run_policy,
+    shipped_model_config,
 )
-from twice_envs.agents.models.recipes import NAMED_MODELS, play_settings
+from twice_envs.agents.models.recipes import MODEL_NAMES, NAMED_MODELS, play_settings
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
 from twice_envs.agents.training.trainer import read_metrics, train
@@ -141,12 +141,9 @@ def eval_main(argv: Sequence[str]) -> int:
     p.add_argument("--split", default="dev")
     p.add_argument("--questions", type=int, default=None)
     a = p.parse_args(argv)
-    if a.checkpoint in NAMED_MODELS or a.checkpoint == SMOLLM2_NAME:
-        env = a.env or "SearchQA-v0"
-        _, path = env_model(a.checkpoint, env)  # warns when the model was built for another env
+    if a.checkpoint in MODEL_NAMES:
+        cfg = shipped_model_config(a.checkpoint, a.env or "SearchQA-v0")
         policy = load_policy(a.checkpoint)
-        cfg = cpu_config(model=a.checkpoint, env=env,
-                         **play_settings(a.checkpoint, path, env, cpu_config().max_turns))
     else:
         policy, cfg = load_run_policy(a.checkpoint)
     if a.env:

@@ -94,9 +94,8 @@ from twice_envs.agents.lab.runner import (
     write_budget,
     write_method_table,
 )
-from twice_envs.agents.models.dirs import SMOLLM2_NAME
-from twice_envs.agents.models.load import env_model, load_policy, load_run_policy
-from twice_envs.agents.models.recipes import NAMED_MODELS, play_settings
+from twice_envs.agents.models.load import load_policy, load_run_policy, shipped_model_config
+from twice_envs.agents.models.recipes import MODEL_NAMES
 from twice_envs.agents.rollout.episodes import (
     BranchRequest,
     Task,
@@ -105,7 +104,6 @@ from twice_envs.agents.rollout.episodes import (
 )
 from twice_envs.agents.rollout.twins import Twins, credit_step, run_twins
 from twice_envs.agents.sampling.policy import SamplingConfig
-from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.trainer import split_size
 from twice_envs.agents.records import AUDIT_EPISODES, decision_lines, write_lines
@@ -113,10 +111,6 @@ from twice_envs.errors import TwiceError
 from twice_envs.keys import audit_seed
 from twice_envs.play import parse_env_kwargs
 from twice_envs.trajectory import atomic_write_text
-
-
-#: The model names ``--checkpoint`` takes besides a run directory.
-SHIPPED = (*NAMED_MODELS, SMOLLM2_NAME)
 
 
 class NothingToAudit(TwiceError):
@@ -599,7 +593,7 @@ def audit_main(argv: Sequence[str]) -> int:
         return lab_main(argv)
     p = argparse.ArgumentParser(prog="twice audit", description="Credit audit against oracle advantages.")
     p.add_argument("--checkpoint", required=True,
-                   help="run directory, its checkpoint/, or a shipped model (" + ", ".join(SHIPPED) + ")")
+                   help="run directory, its checkpoint/, or a shipped model (" + ", ".join(MODEL_NAMES) + ")")
     p.add_argument("--env", default="SearchQA-v0")
     p.add_argument("--env-kwargs", default="{}",
                    help="JSON kwargs for the env, over those the model was trained with (e.g. {\"reward\": \"success\"})")
@@ -625,10 +619,9 @@ def audit_main(argv: Sequence[str]) -> int:
     if a.oracle_rollouts < 1:
         p.error("--oracle-rollouts must be >= 1")
     extra_kwargs = parse_env_kwargs(p, a.env_kwargs)
-    if a.checkpoint in SHIPPED:  # played as `twice train` plays it on this env
-        _, path = env_model(a.checkpoint, a.env)
+    if a.checkpoint in MODEL_NAMES:  # played as `twice train` plays it on this env
+        tcfg = shipped_model_config(a.checkpoint, a.env)
         policy = load_policy(a.checkpoint)
-        tcfg = cpu_config(model=a.checkpoint, env=a.env, **play_settings(a.checkpoint, path, a.env, cpu_config().max_turns))
         out = Path(a.out or "audit")
     else:
         policy, tcfg = load_run_policy(a.checkpoint)

@@ -140,7 +140,7 @@ def models_main(argv: Sequence[str]) -> int:
         else:
             state = "adapters" if recipes.shipped_adapter(recipe) is not None else "missing"
         print(f"  shipped {_model_name(recipe)}: {shipped} ({state})")
-    for name in (*recipes.NAMED_MODELS, SMOLLM2_NAME):
+    for name in recipes.MODEL_NAMES:
         path = models_dir() / name
         if (path / "config.json").exists():
             meta_file = path / "twice_model.json"

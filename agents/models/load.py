@@ -31,7 +31,7 @@ from twice_envs.agents.models.dirs import (
     models_dir,
 )
 from twice_envs.agents.models.gguf import smollm2_dir
-from twice_envs.agents.models.recipes import NAMED_MODELS, env_fit_warning, model_for_env
+from twice_envs.agents.models.recipes import NAMED_MODELS, env_fit_warning, model_for_env, play_settings
 from twice_envs.agents.sampling.devices import torch_device
 from twice_envs.agents.sampling.policy import HFPolicy
 from twice_envs.agents.sampling.vllm_engine import VLLMPolicy
@@ -40,7 +40,7 @@ from twice_envs.agents.training.checkpoint import (
     clear_prefix_cache,
     read_checkpoint,
 )
-from twice_envs.agents.training.config import TrainConfig, read_run_config
+from twice_envs.agents.training.config import TrainConfig, cpu_config, read_run_config
 
 
 def resolve_model_dir(name_or_path: str = TINY_NAME, *, build: bool = True) -> Path:
@@ -102,6 +102,15 @@ def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: s
     if backend == "vllm":
         return VLLMPolicy(str(path), **kwargs)
     raise ValueError(f"backend must be 'hf' or 'vllm', got {backend!r}")
+
+
+def shipped_model_config(name: str, env_id: str) -> TrainConfig:
+    """The CPU settings (:func:`~twice_envs.agents.training.config.cpu_config`) to play ``env_id`` with the
+    shipped model ``name`` as ``twice train`` plays it (:func:`~twice_envs.agents.models.recipes.play_settings`);
+    warns when the model was built for another env (:func:`env_model`). ``twice eval`` and ``twice audit``
+    use it for a model name."""
+    _, path = env_model(name, env_id)
+    return cpu_config(model=name, env=env_id, **play_settings(name, path, env_id, cpu_config().max_turns))
 
 
 def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):

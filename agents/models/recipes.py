@@ -386,6 +386,8 @@ def same_build(a: os.PathLike, b: os.PathLike) -> bool:
 #: Model names of :func:`~twice_envs.agents.models.load.resolve_model_dir` and the recipe each is built by.
 NAMED_MODELS: dict[str, str] = {TINY_NAME: DEFAULT_RECIPE, "tiny-alfworld": "alfworld", "tiny-webshop": "webshop",
                                  "smol-alfworld": "alfworld-smol"}
+#: Every model name the commands take (``--model``, ``--checkpoint``): the named builds, then the base model.
+MODEL_NAMES: tuple[str, ...] = (*NAMED_MODELS, SMOLLM2_NAME)
 #: Folders of the builds shipped with the package, by recipe.
 SHIPPED: dict[str, Path] = {DEFAULT_RECIPE: SHIPPED_TINY, "alfworld": SHIPPED_TINY.parent / "tiny_alfworld",
                              "webshop": SHIPPED_TINY.parent / "tiny_webshop",
