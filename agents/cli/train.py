@@ -136,7 +136,7 @@ def format_budget(b: dict, beta: float) -> str:
 def eval_main(argv: Sequence[str]) -> int:
     """``twice eval --checkpoint RUN [--env ENV]``: greedy EM and F1 per dataset."""
     p = argparse.ArgumentParser(prog="twice eval", description="Greedy evaluation (EM and F1 per dataset).")
-    p.add_argument("--checkpoint", required=True, help="run directory, its checkpoint/, or a model name (tiny)")
+    p.add_argument("--checkpoint", required=True, help="run directory, its checkpoint/, or a shipped model (" + ", ".join(MODEL_NAMES) + ")")
     p.add_argument("--env", default=None)
     p.add_argument("--split", default="dev")
     p.add_argument("--questions", type=int, default=None)

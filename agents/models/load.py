@@ -31,7 +31,7 @@ from twice_envs.agents.models.dirs import (
     models_dir,
 )
 from twice_envs.agents.models.gguf import smollm2_dir
-from twice_envs.agents.models.recipes import NAMED_MODELS, env_fit_warning, model_for_env, play_settings
+from twice_envs.agents.models.recipes import MODEL_NAMES, NAMED_MODELS, env_fit_warning, model_for_env, play_settings
 from twice_envs.agents.sampling.devices import torch_device
 from twice_envs.agents.sampling.policy import HFPolicy
 from twice_envs.agents.sampling.vllm_engine import VLLMPolicy
@@ -114,19 +114,20 @@ def shipped_model_config(name: str, env_id: str) -> TrainConfig:
 
 
 def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
-    """A policy with a run's checkpointed weights (``checkpoint`` = run dir or its checkpoint dir)."""
+    """A policy with a run's checkpointed weights (``checkpoint`` = run dir or its checkpoint dir) and
+    the run's config. A model name is not a run: :func:`shipped_model_config` plays one."""
     path = Path(checkpoint)
     if (path / "checkpoint" / "state.pt").exists():
         path = path / "checkpoint"
     state_file = path / "state.pt"
-    if not state_file.exists() and str(checkpoint) not in ("tiny", "smollm2-135m"):
-        raise CheckpointError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/)")
+    if not state_file.exists():
+        hint = f"; {checkpoint} is a model name, see shipped_model_config" if str(checkpoint) in MODEL_NAMES else ""
+        raise CheckpointError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/){hint}")
     # read (and vet) the file before the slow model load
-    weights = read_checkpoint(state_file)["model"] if state_file.exists() else None
+    weights = read_checkpoint(state_file)["model"]
     cfg_file = path.parent / "config.json"
     cfg = read_run_config(cfg_file) if cfg_file.exists() else TrainConfig()
     policy = load_policy(model or cfg.model)
-    if weights is not None:
-        policy.model.load_state_dict(weights)
+    policy.model.load_state_dict(weights)
     clear_prefix_cache(policy)
     return policy, cfg

@@ -160,6 +160,15 @@ def test_a_crafted_checkpoint_is_refused_by_resume_eval_and_audit(tmp_path, poli
     assert not marker.exists()
 
 
+def test_a_run_policy_needs_a_checkpoint_and_points_a_model_name_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no folder named like the model here
+    with pytest.raises(CheckpointError, match="no checkpoint at tiny-webshop .*model name"):
+        load_run_policy("tiny-webshop")
+    with pytest.raises(CheckpointError, match=f"no checkpoint at {tmp_path}") as err:
+        load_run_policy(tmp_path)
+    assert "model name" not in str(err.value)
+
+
 @pytest.mark.parametrize("content, problem", [
     (b"", "not a readable checkpoint"),
     (b"PK\x03\x04 truncated", "not a readable checkpoint"),
