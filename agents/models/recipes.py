@@ -187,7 +187,7 @@ class TinyModelConfig:
 #: * ``alfworld-smol-task``: ``alfworld-smol`` with the task sentence repeated in every observation
 #:   (``show_task``), so that a one-turn window holds the task's verb beside each decision, and 900
 #:   steps (``alfworld-smol``'s loss was flat from step 800 on, and its held-out success at 920 steps
-#:   did not differ from the finished build's).
+#:   did not differ from the finished build's); not shipped: no better than ``smol-alfworld`` held-out.
 #: * ``webshop-base`` -> ``webshop-polish`` -> ``webshop-polish2`` -> ``webshop-polish3`` ->
 #:   ``webshop``: the chain of continuations that builds the shipped ``tiny-webshop`` model.
 RECIPES: dict[str, TinyModelConfig] = {
