@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional, Sequence
@@ -104,6 +106,10 @@ class GamesBenchConfig:
     eval_noise_seed: int = 10**6 + 1
     """Noise seed of the held-out evaluations of training seed 0 (seed ``s`` uses this plus ``s``): the same
     seed gives the same held-out luck, so runs with the same seed pair up episode by episode."""
+    jobs: int = 1
+    """Runs (a method and a seed each) trained at once, each in a spawned process of its own (one per core puts
+    every core to work). The figures do not depend on it (each run trains
+    on one thread from its own seed)."""
 
     def start_model(self, env_id: str) -> str:
         """The start model of ``env_id`` (name or folder)."""
@@ -208,56 +214,86 @@ def _evaluation(cfg: GamesBenchConfig, env_id: str, seed: int) -> dict:
     return {"noise_seed": cfg.eval_noise_seed + seed, "tasks": tasks, "samples": samples}
 
 
+def _held_out(cfg: GamesBenchConfig, env_id: str, setting: GameSetting, policy, seed: int) -> dict:
+    """``policy`` on the held-out tasks of ``env_id`` with the sampling noise of training seed ``seed``'s
+    evaluations (the start model is evaluated on each seed's noise, so before and after pair up episode by
+    episode: same task, same luck)."""
+    tasks, samples = cfg.eval_size(env_id)
+    return evaluate_game(policy, env_id, samples=samples, tasks=tasks, noise_seed=cfg.eval_noise_seed + seed,
+                         setting=setting)
+
+
+def train_and_evaluate(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, setting: GameSetting,
+                       curve: list, before_outcomes: list, log=print) -> dict:
+    """One run of the comparison: ``method`` trained with training seed ``seed`` from the start model (in
+    ``OUT/ENV/METHOD-sSEED``), evaluated held-out every ``cfg.eval_every`` updates and after training.
+
+    ``curve``: the held-out points a continued run evaluated before (see :func:`continue_run`). Returns the
+    run's figures (held-out after, its training metrics, its curve, the start model's outcomes it pairs with).
+    A pure function of its arguments and the files of its own folder, so runs can go to other processes."""
+    out = Path(cfg.out) / env_id / f"{method}-s{seed}"
+    policy = load_policy(cfg.start_model(env_id))  # trained in place
+    tc = _train_config(cfg, env_id, method, seed, out, setting)
+    evaluation = _evaluation(cfg, env_id, seed)
+    curve = list(curve)
+
+    def on_update(m: dict) -> None:
+        if cfg.eval_every and m["update"] % cfg.eval_every == 0 and m["update"] < cfg.updates:
+            curve.append((m["update"], _held_out(cfg, env_id, setting, policy, seed)["all"]["outcomes"]))
+            _save_curve(out, evaluation, curve)
+            log(f"{env_id} {method} seed {seed} update {m['update']}: held-out success {np.mean(curve[-1][1]):.3f}")
+
+    train(tc, policy=policy, progress=False, log=on_update, resume=cfg.resume)
+    rows = read_metrics(out / "metrics.jsonl")  # every update, those of a continued run's start too
+    after = _held_out(cfg, env_id, setting, policy, seed)
+    curve.append((cfg.updates, after["all"]["outcomes"]))
+    _save_curve(out, evaluation, curve)
+    log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
+        f"(before {np.mean(before_outcomes):.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
+    return {"seed": seed, "after": after, "train": rows, "curve": curve, "before_outcomes": before_outcomes}
+
+
+def _run_all(cfg: GamesBenchConfig, runs: list[tuple], log) -> list[dict]:
+    """:func:`train_and_evaluate` of each argument tuple in ``runs``, in order: in this process, or with
+    ``cfg.jobs > 1`` in up to that many spawned processes at once (each run is seeded on its own and trains
+    on one thread, so the figures do not depend on where it ran; the workers print their own lines)."""
+    if cfg.jobs <= 1 or len(runs) <= 1:
+        return [train_and_evaluate(*r, log=log) for r in runs]
+    with ProcessPoolExecutor(max_workers=min(cfg.jobs, len(runs)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(train_and_evaluate, *r) for r in runs]
+        done = [f.result() for f in futures]
+    threads = cpu_config().threads
+    if threads:  # as the runs leave it when they train here: a later env's start model is evaluated alike
+        import torch
+
+        torch.set_num_threads(threads)
+    return done
+
+
 def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     """Train every method from the same start model on every env; returns (and writes) the results."""
 
+    if cfg.jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {cfg.jobs}")
     saved_curves = check_resumable(cfg)
     root = Path(cfg.out)
     results: dict = {"config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.__dict__.items()}, "envs": {}}
     for env_id in cfg.envs:
         model = cfg.start_model(env_id)
         start = load_policy(model)
-        eval_tasks, eval_samples = cfg.eval_size(env_id)
         setting = cfg.setting(env_id)
         t0 = time.perf_counter()
-        # the start model is evaluated on the sampling noise of each seed's evaluation after training, so that
-        # before and after pair up episode by episode (same task, same luck)
-        def held_out(policy, seed: int) -> dict:
-            return evaluate_game(policy, env_id, samples=eval_samples, tasks=eval_tasks,
-                                 noise_seed=cfg.eval_noise_seed + seed, setting=setting)
-
-        before_by_seed = {seed: held_out(start, seed) for seed in cfg.seeds}
+        before_by_seed = {seed: _held_out(cfg, env_id, setting, start, seed) for seed in cfg.seeds}
         before = _pooled([before_by_seed[s] for s in cfg.seeds])
         log(f"{env_id} start model {model}: held-out success {before['all']['success']:.3f} "
             f"valid {before['all']['valid_share']:.3f} ({time.perf_counter() - t0:.0f}s)")
         env_res: dict = {"model": model, "before": before, "methods": {}}
+        keys = [(method, seed) for method in cfg.methods for seed in cfg.seeds]
+        done = dict(zip(keys, _run_all(cfg, [(cfg, env_id, method, seed, setting,
+                                              saved_curves.get((env_id, method, seed), []),
+                                              before_by_seed[seed]["all"]["outcomes"]) for method, seed in keys], log)))
         for method in cfg.methods:
-            per_seed = []
-            for seed in cfg.seeds:
-                out = root / env_id / f"{method}-s{seed}"
-                policy = load_policy(model)  # trained in place
-                tc = _train_config(cfg, env_id, method, seed, out, setting)
-                evaluation = _evaluation(cfg, env_id, seed)
-                # (update, held-out outcomes) while training, with --eval-every; a continued run keeps its own
-                curve: list = saved_curves.get((env_id, method, seed), [])
-
-                def on_update(m: dict, policy=policy, seed=seed, curve=curve, out=out, evaluation=evaluation) -> None:
-                    if cfg.eval_every and m["update"] % cfg.eval_every == 0 and m["update"] < cfg.updates:
-                        curve.append((m["update"], held_out(policy, seed)["all"]["outcomes"]))
-                        _save_curve(out, evaluation, curve)
-                        log(f"{env_id} {method} seed {seed} update {m['update']}: held-out success "
-                            f"{np.mean(curve[-1][1]):.3f}")
-
-                train(tc, policy=policy, progress=False, log=on_update, resume=cfg.resume)
-                rows = read_metrics(out / "metrics.jsonl")  # every update, those of a continued run's start too
-                after = held_out(policy, seed)
-                curve.append((cfg.updates, after["all"]["outcomes"]))
-                _save_curve(out, evaluation, curve)
-                per_seed.append({"seed": seed, "after": after, "train": rows, "curve": curve,
-                                 "before_outcomes": before_by_seed[seed]["all"]["outcomes"]})
-                log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
-                    f"(before {before['all']['success']:.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")
-            env_res["methods"][method] = _method_summary(per_seed)
+            env_res["methods"][method] = _method_summary([done[method, seed] for seed in cfg.seeds])
         env_res["pairs"] = method_pairs(env_res["methods"])
         results["envs"][env_id] = env_res
         _plot(root, env_id, cfg)
@@ -328,7 +364,7 @@ def method_pairs(methods: dict) -> dict:
 
 #: Settings that may differ between runs joined by :func:`merge_results`: they do not change what a
 #: method is trained on or how its final evaluation is drawn.
-MERGE_FREE = ("methods", "out", "eval_every", "resume")
+MERGE_FREE = ("methods", "out", "eval_every", "resume", "jobs")
 
 
 def _compared_settings(results: dict) -> dict:
@@ -560,6 +596,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--eval-noise-seed", type=int, default=d.eval_noise_seed,
                    help="noise seed of the held-out evaluations of training seed 0 (seed s adds s)")
     p.add_argument("--out", default=d.out)
+    p.add_argument("--jobs", type=int, default=d.jobs,
+                   help="runs (a method and a seed each) trained at once, one process each, say one per core "
+                        "(the figures do not depend on it)")
     p.add_argument("--merge", nargs="+", default=None, metavar="RUN",
                    help="join the results of runs of other methods (their --out folders, run alike, e.g. one "
                         "process per core) into one comparison with paired differences; writes OUT/results.json")
@@ -590,8 +629,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.error("--against compares two --eval-only runs: add --eval-only")
     if not a.eval_only and torch_device(a.device).type != "cpu":
         p.error("--device applies with --eval-only: the comparison trains on the CPU")
-    if a.eval_every < 0 or (a.micro_batch is not None and a.micro_batch < 1):
-        p.error("--eval-every must be >= 0 and --micro-batch >= 1")
+    if a.eval_every < 0 or (a.micro_batch is not None and a.micro_batch < 1) or a.jobs < 1:
+        p.error("--eval-every must be >= 0, --micro-batch >= 1 and --jobs >= 1")
     try:
         train_kwargs = parse_train_kwargs(a.train_kwarg)
     except ValueError as exc:
@@ -602,7 +641,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         eval_tasks=a.eval_tasks, eval_samples=a.eval_samples, lr=a.lr, filter_groups=a.filter_groups, out=a.out,
         max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens, eval_every=a.eval_every, train_kwargs=train_kwargs or None,
-        micro_batch=a.micro_batch, eval_noise_seed=a.eval_noise_seed, resume=a.resume,
+        micro_batch=a.micro_batch, eval_noise_seed=a.eval_noise_seed, resume=a.resume, jobs=a.jobs,
         model=dict(x.split("=", 1) for x in a.model) or None)
     bad = [m for m in cfg.methods if m not in registered_methods()]
     if bad:

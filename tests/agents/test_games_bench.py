@@ -390,3 +390,31 @@ def test_resume_continues_each_run_to_more_updates_and_keeps_its_curve(tmp_path,
     (run / gb.CURVE_FILE).write_text("[[1, [0, 1]]]")  # not the file's layout
     with pytest.raises(ValueError, match="curve.json: not a curve file"):
         gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **base))
+
+
+def test_runs_in_processes_of_their_own_give_the_figures_of_one_process(tmp_path):
+    """``jobs=2`` trains the runs in two spawned processes; each run's training metrics and held-out outcomes
+    are those of the same run trained in this process."""
+    base = dict(envs=("WebShop-v0",), methods=("grpo", "twice"), seeds=(0, 1), updates=1, tasks_per_update=1,
+                group_size=2, eval_tasks=2, eval_samples=1, model={"WebShop-v0": str(tiny_dir())}, max_turns=2,
+                max_new_tokens=8)
+    here = gb.run_games_bench(gb.GamesBenchConfig(out=str(tmp_path / "one"), **base), log=lambda m: None)
+    there = gb.run_games_bench(gb.GamesBenchConfig(out=str(tmp_path / "two"), jobs=2, **base), log=lambda m: None)
+    timing = ("time", "time_rollout", "time_credit", "time_update")
+    for m in ("grpo", "twice"):
+        a, b = here["envs"]["WebShop-v0"]["methods"][m], there["envs"]["WebShop-v0"]["methods"][m]
+        assert {k: v for k, v in a.items() if k != "seconds_per_update"} == \
+            {k: v for k, v in b.items() if k != "seconds_per_update"}
+        for s in (0, 1):
+            rows = [[{k: v for k, v in json.loads(line).items() if k not in timing}
+                     for line in (tmp_path / run / "WebShop-v0" / f"{m}-s{s}" / "metrics.jsonl").read_text().splitlines()]
+                    for run in ("one", "two")]
+            assert rows[0] == rows[1] and len(rows[0]) == 1
+    assert here["envs"]["WebShop-v0"]["pairs"] == there["envs"]["WebShop-v0"]["pairs"]
+    # each method's figures are its own runs' (Twice's twins add tokens, GRPO samples none)
+    twice, grpo = (there["envs"]["WebShop-v0"]["methods"][m]["aux_tokens_per_update"] for m in ("twice", "grpo"))
+    assert twice > 0 == grpo
+    # the setting is free in a merge (it does not change what is compared)
+    assert "jobs" in gb.MERGE_FREE
+    with pytest.raises(ValueError, match="jobs"):
+        gb.run_games_bench(gb.GamesBenchConfig(out=str(tmp_path / "bad"), jobs=0, **base), log=lambda m: None)
