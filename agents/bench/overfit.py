@@ -69,17 +69,14 @@ def window_success(rows: Sequence[dict], measure: str, per_update: int) -> tuple
 
 def run_overfit(config: OverfitConfig, *, log=lambda m: None) -> dict:
     """Screen, then train until the last window's success is significantly above the first's."""
-    from twice_envs.agents.models.load import env_model, load_policy
-    from twice_envs.agents.models.recipes import play_max_turns, trained_env_kwargs, trained_window
-    from twice_envs.agents.training.config import cpu_config
+    from twice_envs.agents.models.load import env_model, load_policy, shipped_model_config
     from twice_envs.agents.training.trainer import init_state, train_update
 
-    name, path = env_model(None, config.env)
+    name, _ = env_model(None, config.env)
     policy = load_policy(name)
-    cfg = cpu_config(env=config.env, model=name, method=config.method, group_size=config.group_size,
-                     questions_per_update=config.tasks, env_kwargs=trained_env_kwargs(path, config.env),
-                     window=trained_window(path), max_turns=play_max_turns(path, cpu_config().max_turns),
-                     seed=config.seed, eval_every=0)
+    # the env as twice train plays it with this model (its kwargs, window and turn cap)
+    cfg = replace(shipped_model_config(name, config.env), method=config.method, group_size=config.group_size,
+                  questions_per_update=config.tasks, seed=config.seed, eval_every=0)
     rates = screen_tasks(policy, cfg, config.screen, config.group_size, noise_seed=config.seed * 1_000_003 + 777)
     chosen = [int(g) for g in np.argsort(np.abs(rates - 0.5), kind="stable")[:config.tasks]]
     log(f"screened {config.screen} tasks; kept {chosen} (start success {np.round(rates[chosen], 2).tolist()})")
