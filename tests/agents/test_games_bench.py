@@ -219,8 +219,10 @@ def test_the_command_line_passes_its_settings_to_the_bench(monkeypatch, capsys):
     cfg = seen[-1]
     assert (cfg.eval_every, cfg.micro_batch, cfg.eval_noise_seed) == (5, 16, 9)
     assert cfg.train_kwargs == {"WebShop-v0": {"reward": "success", "max_steps": 15}}
+    assert gb.main(["--envs", "WebShop-v0", "--jobs", "2"]) == 0 and seen[-1].jobs == 2
+    assert seen[-2].jobs == 1  # one process unless asked
     for bad in (["--train-kwarg", "reward=success"], ["--train-kwarg", "WebShop-v0:reward"],
-                ["--eval-every", "-1"], ["--micro-batch", "0"]):
+                ["--eval-every", "-1"], ["--micro-batch", "0"], ["--jobs", "0"]):
         with pytest.raises(SystemExit):
             gb.main(["--envs", "WebShop-v0", *bad])
     assert "ENV:KEY=VALUE" in capsys.readouterr().err
