@@ -230,7 +230,8 @@ def train_and_evaluate(cfg: GamesBenchConfig, env_id: str, method: str, seed: in
 
     ``curve``: the held-out points a continued run evaluated before (see :func:`continue_run`). Returns the
     run's figures (held-out after, its training metrics, its curve, the start model's outcomes it pairs with).
-    A pure function of its arguments and the files of its own folder, so runs can go to other processes."""
+    It reads and writes only its own run folder and depends on nothing else but its arguments, so runs can go
+    to other processes."""
     out = Path(cfg.out) / env_id / f"{method}-s{seed}"
     policy = load_policy(cfg.start_model(env_id))  # trained in place
     tc = _train_config(cfg, env_id, method, seed, out, setting)
