@@ -45,6 +45,7 @@ BENCHES: dict[str, str] = {
     "games": "twice_envs.agents.bench.games:main",
     "cost": "twice_envs.agents.bench.cost:main",
     "overfit": "twice_envs.agents.bench.overfit:main",
+    "update": "twice_envs.agents.bench.update:main",
 }
 
 

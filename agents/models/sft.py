@@ -295,12 +295,14 @@ def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop
     losses, done)`` runs after each one (where a build saves its checkpoints)."""
     import torch
 
+    from twice_envs.agents.training.loss import causal_attention_mask
+
     device = next(model.parameters()).device
     for step in range(start, steps):
         ids, mask, loss_mask = (t.to(device) for t in _pad([seqs[i] for i in next(batches)], pad_id))
         # the LM head only at the positions that are scored (the generated turns, a small
         # share of the tokens): with a large vocabulary it would otherwise dominate the step
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state[:, :-1]
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=causal_attention_mask(mask)).last_hidden_state[:, :-1]
         weight = loss_mask[:, 1:]
         sel = weight > 0
         logits = model.get_output_embeddings()(hidden[sel]).float()
@@ -327,6 +329,8 @@ def teacher_forced_loss(model, seqs: Sequence[tuple[list[int], list[float]]], *,
     sequences, without training: the quality figure rebuilt models are compared by."""
     import torch
 
+    from twice_envs.agents.training.loss import causal_attention_mask
+
     total, weight_sum = 0.0, 0.0
     device = next(model.parameters()).device
     was_training = model.training
@@ -335,7 +339,7 @@ def teacher_forced_loss(model, seqs: Sequence[tuple[list[int], list[float]]], *,
         for start in range(0, len(seqs), batch_size):
             batch = list(seqs[start: start + batch_size])
             ids, mask, weight = (t.to(device) for t in _pad(batch, pad_id))
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
+            logits = model(input_ids=ids, attention_mask=causal_attention_mask(mask)).logits[:, :-1].float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             total += float((nll * weight[:, 1:]).sum())
             weight_sum += float(weight[:, 1:].sum())

@@ -87,6 +87,8 @@ class LLMCritic:
         """``(values, (episode, turn) of each)``: a 1-D tensor of ``V(s_t)`` for every turn of ``episodes``."""
         import torch
 
+        from twice_envs.agents.training.loss import causal_attention_mask
+
         rows, where = [], []
         for i, ep in enumerate(episodes):
             for ids, marks in value_positions(ep):
@@ -101,7 +103,8 @@ class LLMCritic:
             attn[b, :len(ids)] = 1
             b_idx += [b] * len(pos)
             p_idx += pos
-        hidden = self.body(input_ids=input_ids.to(self.device), attention_mask=attn.to(self.device)).last_hidden_state
+        hidden = self.body(input_ids=input_ids.to(self.device),
+                           attention_mask=causal_attention_mask(attn.to(self.device))).last_hidden_state
         h = hidden[torch.tensor(b_idx, device=self.device), torch.tensor(p_idx, device=self.device)]
         return self.head(h).squeeze(-1).float(), where
 

@@ -78,3 +78,42 @@ def test_tokens_outside_the_nucleus_give_finite_loss():
     assert math.isfinite(float(loss.detach())) and bool(torch.isfinite(new.grad).all())
     # token 2 left the nucleus: ratio 0, clipped to 0.8 with A = -1 -> pg 0.8; no KL term for either token
     assert float(loss.detach()) == pytest.approx((-1.0 + 0.8) / 2)
+
+
+def test_causal_attention_mask_drops_only_right_padding():
+    from twice_envs.agents.training.loss import causal_attention_mask
+
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    assert causal_attention_mask(right) is None
+    for kept in ([[0, 1, 1, 1], [1, 1, 1, 1]],  # left padding
+                 [[1, 0, 1, 0], [1, 1, 1, 1]]):  # a gap: a real token after a pad
+        mask = torch.tensor(kept)
+        assert causal_attention_mask(mask) is mask
+
+
+def test_log_probs_without_the_padding_mask_are_those_with_it():
+    """A right-padded batch runs as one causal kernel: the same log-probs up to float rounding; a batch
+    padded otherwise keeps its mask (with the causal mask alone its pads would be read)."""
+    from tests.agents._tiny import tiny_policy
+    from twice_envs.agents.rollout.episodes import Task, rollout
+    from twice_envs.agents.sampling.policy import SamplingConfig
+    from twice_envs.agents.training.loss import PackedBatch, token_logprobs
+
+    policy = tiny_policy()
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
+    eps = rollout(policy, "CoinChain-v0", [Task(3), Task(4)], group_size=3, sampling=sampling, max_turns=3, noise_seed=5)
+    batch = pack(eps, [np.ones(len(e.turns)) for e in eps])
+    lengths = batch.attention_mask.sum(-1)
+    assert len(set(lengths.tolist())) > 1  # rows of different lengths: there is padding to drop
+    m = batch.loss_mask > 0
+    with torch.no_grad():
+        causal = token_logprobs(policy.model, batch)
+        masked = token_logprobs(policy.model, batch, padding_mask=True)
+        # the same rows left-padded (each row rolled right by its padding): the mask must stay
+        shift = [int(batch.input_ids.shape[1] - n) for n in lengths]
+        roll = lambda t: torch.stack([torch.roll(r, s) for r, s in zip(t, shift)])  # noqa: E731
+        left = PackedBatch(*(roll(t) for t in (batch.input_ids, batch.attention_mask, batch.loss_mask,
+                                                batch.advantages, batch.old_logprobs)))
+        left_lp = token_logprobs(policy.model, left)
+    assert float((causal[m] - masked[m]).abs().max()) < 1e-4
+    assert float((roll(masked)[roll(m.float()) > 0] - left_lp[left.loss_mask > 0]).abs().max()) < 1e-4
