@@ -100,9 +100,9 @@ def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
 
     With right padding the causal mask alone keeps every real token from seeing a pad (the pads
     come after it), and only the pads' own outputs, which no loss reads, change. Without an
-    explicit mask the attention runs as one causal kernel (flash attention on CPU and GPU),
-    which skips the upper triangle instead of computing and masking it: the same log-probs up to
-    float rounding, in less time (``twice bench update`` measures both)."""
+    explicit mask, torch's attention runs its causal kernel, which skips the upper triangle instead
+    of computing and masking it: the same log-probs up to float rounding (equal on the CPU measured),
+    in less time (``twice bench update`` measures both)."""
     mask = attention_mask.bool()
     if mask.ndim != 2:
         return attention_mask
