@@ -71,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--group", type=int, default=4, help="episodes per task (default 4)")
     parser.add_argument("--micro-batch", type=int, default=16, help="episodes per forward pass (default 16), as TrainConfig.micro_batch counts them: a model with a history window packs a row per turn, so its passes hold many more rows")
     parser.add_argument("--repeats", type=int, default=6, help="timed repeats of each way (default 6)")
+    parser.add_argument("--max-turns", type=int, default=None, help="turn cap of the rollout (default: the model's)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a training run on CPU)")
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the rollout")
     parser.add_argument("--out", default="runs/bench_update", help="folder of update.json")
@@ -78,8 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.group, args.repeats = 2, 2, 2
-    for flag in ("tasks", "group", "micro_batch", "repeats", "threads"):
-        if getattr(args, flag) < 1:
+    for flag in ("tasks", "group", "micro_batch", "repeats", "threads", "max_turns"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
             parser.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     import torch
 
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     indexed = bool(config.indexed_tasks and split_size(args.env, config.env_kwargs, config.train_split))
     episodes = rollout(policy, args.env, make_tasks(range(args.tasks), config.train_split, indexed),
                        group_size=args.group, sampling=sampling_config(config), env_kwargs=config.env_kwargs,
-                       noise_seed=args.seed, max_turns=config.max_turns, window=config.window)
+                       noise_seed=args.seed, max_turns=args.max_turns or config.max_turns, window=config.window)
     batches = micro_batches(episodes, args.micro_batch, getattr(policy, "pad_id", 0))
     model = policy.model.train()
     reference = copy.deepcopy(model).eval()
@@ -110,7 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     base, new = (np.asarray(seconds[w]) for w in WAYS)
     ratio = bootstrap_ci(lambda a, b: float(b.sum() / a.sum()), base, new)
     result = {
-        "env": args.env, "model": name, "episodes": len(episodes), "micro_batches": len(batches),
+        "env": args.env, "model": name, "episodes": len(episodes), "turns": sum(len(e.turns) for e in episodes),
+        "micro_batches": len(batches),
         "positions": positions, "real_tokens": real, "generated_tokens": sum(b.num_tokens for b in batches),
         "threads": args.threads, "seconds": seconds, "ratio": ratio.as_dict(),
         "significant": bool(ratio.hi < 1 or ratio.lo > 1), "max_abs_logprob_diff": diff,

@@ -26,7 +26,15 @@ def test_update_bench_times_both_ways_on_the_same_batch(tmp_path, capsys):
     assert shown and float(shown.group(1)) == pytest.approx(ratio["value"], abs=0.005)
 
 
-def test_update_bench_refuses_sizes_below_one(capsys):
+@pytest.mark.parametrize("flag", ["--repeats", "--max-turns"])
+def test_update_bench_refuses_sizes_below_one(flag, capsys):
     with pytest.raises(SystemExit) as exc:
-        main(["--repeats", "0"])
-    assert exc.value.code == 2 and "--repeats must be >= 1" in capsys.readouterr().err
+        main([flag, "0"])
+    assert exc.value.code == 2 and f"{flag} must be >= 1" in capsys.readouterr().err
+
+
+def test_update_bench_caps_the_turns(tmp_path):
+    assert main(["--quick", "--env", "CoinChain-v0", "--model", str(tiny_dir()), "--max-turns", "1",
+                 "--out", str(tmp_path)]) == 0
+    r = json.loads((tmp_path / "update.json").read_text())
+    assert r["episodes"] == 4 and r["turns"] == 4  # one turn each
