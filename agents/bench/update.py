@@ -5,8 +5,9 @@ padding mask: the causal mask alone keeps every real token from reading a pad
 (:func:`~twice_envs.agents.training.loss.causal_attention_mask`). This bench rolls out one batch of the
 env with its start model, packs it into the micro-batches the trainer would form (sorted by length, as
 :func:`~twice_envs.agents.training.trainer.policy_update` splits it), and times the update's passes
-(the reference's forward without gradient, the policy's forward and backward) both ways, alternating
-the order from one repeat to the next so that a slow spell of a shared machine falls on both. It
+(the reference's forward without gradient, the policy's forward and backward) both ways, after one
+untimed pass of each, alternating the order from one repeat to the next so that a slow spell of a
+shared machine falls on both. It
 reports the ratio of the two times with a 95% bootstrap interval over the repeats, and the largest
 difference between the two ways' log-probs of the generated tokens.
 """
@@ -101,6 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = sum(int(b.attention_mask.sum()) for b in batches)
     seconds = {w: [] for w in WAYS}
     logps = {}
+    for way in WAYS:  # one untimed pass each: the first pass of a process pays one-off costs (allocations)
+        time_passes(model, reference, batches, way == WAYS[0])
     for r in range(args.repeats):
         for way in (WAYS if r % 2 == 0 else WAYS[::-1]):
             secs, logps[way] = time_passes(model, reference, batches, way == WAYS[0])
