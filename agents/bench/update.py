@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="a shipped model or a model folder (default: the env's own)")
     parser.add_argument("--tasks", type=int, default=4, help="training tasks rolled out (default 4)")
     parser.add_argument("--group", type=int, default=4, help="episodes per task (default 4)")
-    parser.add_argument("--micro-batch", type=int, default=16, help="episodes per forward pass (default 16), as TrainConfig.micro_batch counts them: a model with a history window packs a row per turn, so its passes hold many more rows")
+    parser.add_argument("--micro-batch", type=int, default=16,
+                        help="episodes per forward pass (default 16), as TrainConfig.micro_batch counts them: a model "
+                             "with a history window packs a row per turn, so its passes hold many more rows")
     parser.add_argument("--repeats", type=int, default=6, help="timed repeats of each way (default 6)")
     parser.add_argument("--max-turns", type=int, default=None, help="turn cap of the rollout (default: the model's)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1, as a training run on CPU)")

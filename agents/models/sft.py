@@ -302,7 +302,8 @@ def _sft_loop(model, seqs, batches, opt, sched, steps, pad_id, losses, log, stop
         ids, mask, loss_mask = (t.to(device) for t in _pad([seqs[i] for i in next(batches)], pad_id))
         # the LM head only at the positions that are scored (the generated turns, a small
         # share of the tokens): with a large vocabulary it would otherwise dominate the step
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=causal_attention_mask(mask)).last_hidden_state[:, :-1]
+        attn = causal_attention_mask(mask)  # None for these right-padded rows: the causal kernel alone
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=attn).last_hidden_state[:, :-1]
         weight = loss_mask[:, 1:]
         sel = weight > 0
         logits = model.get_output_embeddings()(hidden[sel]).float()

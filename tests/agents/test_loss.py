@@ -101,7 +101,8 @@ def test_log_probs_without_the_padding_mask_are_those_with_it():
 
     policy = tiny_policy()
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=12)
-    eps = rollout(policy, "CoinChain-v0", [Task(3), Task(4)], group_size=3, sampling=sampling, max_turns=3, noise_seed=5)
+    eps = rollout(policy, "CoinChain-v0", [Task(3), Task(4)], group_size=3, sampling=sampling, max_turns=3,
+                  noise_seed=5)
     batch = pack(eps, [np.ones(len(e.turns)) for e in eps])
     lengths = batch.attention_mask.sum(-1)
     assert len(set(lengths.tolist())) > 1  # rows of different lengths: there is padding to drop
