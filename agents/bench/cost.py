@@ -58,7 +58,7 @@ def run_cost(config: CostConfig, *, log=lambda m: None) -> dict:
     from twice_envs.agents.models.load import load_policy, resolve_model_dir
     from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
     from twice_envs.agents.training.config import cpu_config
-    from twice_envs.agents.training.evaluate import split_size
+    from twice_envs.agents.training.evaluate import indexed_split_size
     from twice_envs.agents.training.trainer import init_state, train_update
 
     if config.updates <= config.skip:
@@ -70,7 +70,7 @@ def run_cost(config: CostConfig, *, log=lambda m: None) -> dict:
     base = cpu_config(env=config.env, model=config.model, seed=config.seed, updates=config.updates,
                       env_kwargs=trained_env_kwargs(model_dir, config.env), window=trained_window(model_dir),
                       eval_every=0, questions_per_update=config.questions)
-    size = split_size(base.env, base.env_kwargs, base.train_split) if base.indexed_tasks else None
+    size = indexed_split_size(base, base.train_split)
     pool = min(x for x in (size, base.task_pool) if x) if (size or base.task_pool) else 1000
     runs = {m: (replace(base, method=m), init_state(replace(base, method=m), load_policy(config.model)))
             for m in methods}

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -25,12 +24,11 @@ import numpy as np
 from twice_envs.agents.bench.output import stderr_log, write_json
 from twice_envs.agents.models.load import load_policy, shipped_model_config
 from twice_envs.agents.models.recipes import model_for_env
-from twice_envs.agents.rollout.context import pack_segments
 from twice_envs.agents.rollout.episodes import rollout
 from twice_envs.agents.stats import bootstrap_ci
 from twice_envs.agents.training.config import sampling_config
-from twice_envs.agents.training.evaluate import make_tasks, split_size
-from twice_envs.agents.training.loss import pack, token_logprobs
+from twice_envs.agents.training.evaluate import indexed_split_size, make_tasks
+from twice_envs.agents.training.loss import pack_micro_batches, packed_length, token_logprobs
 
 WAYS = ("padding mask", "causal only")
 """The two ways timed: the padding mask passed to every forward (the baseline), and a right-padded
@@ -38,12 +36,10 @@ batch run with the causal mask alone (the trainer's way)."""
 
 
 def micro_batches(episodes, micro_batch: int, pad_id: int) -> list:
-    """The episodes packed as the trainer packs them: sorted by length, ``micro_batch`` to a batch."""
-    lengths = [sum(len(seg[0]) for seg in pack_segments(e)) for e in episodes]
-    order = np.argsort(lengths, kind="stable")
-    adv = [np.ones(len(e.turns)) for e in episodes]
-    return [pack([episodes[i] for i in order[j:j + micro_batch]], [adv[i] for i in order[j:j + micro_batch]],
-                 pad_id=pad_id) for j in range(0, len(order), micro_batch)]
+    """The episodes packed as the trainer packs them (sorted by length, ``micro_batch`` to a batch), with
+    advantages of 1 (the passes' cost does not depend on them)."""
+    order = np.argsort([packed_length(e) for e in episodes], kind="stable")
+    return pack_micro_batches(episodes, [np.ones(len(e.turns)) for e in episodes], order, micro_batch, pad_id)
 
 
 def time_passes(model, reference, batches, padding_mask: bool) -> tuple[float, list]:
@@ -93,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = shipped_model_config(name, args.env)
     policy = load_policy(name)
     log(f"rolling out {args.tasks} tasks x {args.group} on {args.env} with {name}")
-    indexed = bool(config.indexed_tasks and split_size(args.env, config.env_kwargs, config.train_split))
+    indexed = indexed_split_size(config, config.train_split) is not None
     episodes = rollout(policy, args.env, make_tasks(range(args.tasks), config.train_split, indexed),
                        group_size=args.group, sampling=sampling_config(config), env_kwargs=config.env_kwargs,
                        noise_seed=args.seed, max_turns=args.max_turns or config.max_turns, window=config.window)

@@ -104,8 +104,8 @@ from twice_envs.agents.rollout.episodes import (
 )
 from twice_envs.agents.rollout.twins import Twins, credit_step, run_twins
 from twice_envs.agents.sampling.policy import SamplingConfig
+from twice_envs.agents.training.evaluate import indexed_split_size, make_tasks
 from twice_envs.agents.training.gold_answer import answer_probs
-from twice_envs.agents.training.trainer import split_size
 from twice_envs.agents.records import AUDIT_EPISODES, decision_lines, write_lines
 from twice_envs.errors import TwiceError
 from twice_envs.keys import audit_seed
@@ -282,8 +282,7 @@ def _pair_credit(eps, decisions, twins) -> tuple[list[np.ndarray], list[int], li
 
 def _tasks(config: AuditConfig) -> list[Task]:
     """The audit's tasks: ``questions`` tasks of its split (by index where the env names tasks so)."""
-    indexed = config.indexed_tasks and split_size(config.env, config.env_kwargs, config.split) is not None
-    return [Task(i, {"split": config.split, "index": i} if indexed else {}) for i in range(config.questions)]
+    return make_tasks(range(config.questions), config.split, indexed_split_size(config, config.split) is not None)
 
 
 def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResult:

@@ -21,6 +21,13 @@ def split_size(env_id: str, env_kwargs: dict, split: str) -> Optional[int]:
     return len(qs[split]) if qs is not None and split in qs else None
 
 
+def indexed_split_size(config, split: str) -> Optional[int]:
+    """Number of tasks in ``split`` when ``config`` (a :class:`TrainConfig` or any config with ``env``,
+    ``env_kwargs`` and ``indexed_tasks``) names tasks by split and index and the env exposes its splits;
+    None when tasks are named by seed only."""
+    return split_size(config.env, config.env_kwargs, split) if config.indexed_tasks else None
+
+
 def make_tasks(indices: Sequence[int], split: str, indexed: bool) -> list:
     """Tasks named by ``{"split", "index"}`` reset options where the env has splits, else by seed only."""
     return [Task(int(i), {"split": split, "index": int(i)} if indexed else {}) for i in indices]
@@ -30,7 +37,7 @@ def evaluate(policy, config: TrainConfig, *, questions: Optional[int] = None, sp
     """Greedy decoding on the dev split: EM and F1 overall and per dataset."""
     split = split or config.dev_split
     n = questions if questions is not None else config.eval_questions
-    size = split_size(config.env, config.env_kwargs, split) if config.indexed_tasks else None
+    size = indexed_split_size(config, split)
     n = min(n, size) if size else n
     tasks = make_tasks(range(n), split, size is not None)
     eps = rollout(policy, config.env, tasks, group_size=1, sampling=sampling_config(config, greedy=True),

@@ -94,6 +94,19 @@ def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pa
     return out
 
 
+def packed_length(episode: EpisodeRecord) -> int:
+    """Tokens of ``episode``'s rows as :func:`pack` lays them out (what its padding is measured against)."""
+    return sum(len(seg[0]) for seg in pack_segments(episode))
+
+
+def pack_micro_batches(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], indices: Sequence[int],
+                       size: int, pad_id: int = 0) -> list[PackedBatch]:
+    """The episodes at ``indices`` packed ``size`` to a batch, in the order given (the update sorts them by
+    :func:`packed_length`, so that each batch wastes little padding)."""
+    return [pack([episodes[i] for i in indices[j:j + size]], [advantages[i] for i in indices[j:j + size]],
+                 pad_id=pad_id) for j in range(0, len(indices), size)]
+
+
 def causal_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor | None:
     """The padding mask a causal LM's forward needs for ``attention_mask``: ``None`` when every row
     is right-padded (its real tokens first, then only padding), else the mask itself.

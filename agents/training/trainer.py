@@ -29,7 +29,6 @@ import numpy as np
 
 from twice_envs.agents.credit import predictor as pred
 from twice_envs.agents.credit.registry import check_env, get_method
-from twice_envs.agents.rollout.context import pack_segments
 from twice_envs.agents.rollout.episodes import rollout
 from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.agents.training.checkpoint import (
@@ -44,9 +43,9 @@ from twice_envs.agents.training.config import (
     sampling_config,
 )
 from twice_envs.agents.training.critic import make_critic
-from twice_envs.agents.training.evaluate import evaluate, make_tasks, split_size
+from twice_envs.agents.training.evaluate import evaluate, indexed_split_size, make_tasks
 from twice_envs.agents.training.gold_answer import answer_probs
-from twice_envs.agents.training.loss import LossConfig, pack, ppo_loss, token_logprobs
+from twice_envs.agents.training.loss import LossConfig, pack_micro_batches, packed_length, ppo_loss, token_logprobs
 from twice_envs.agents.types import measure_means
 from twice_envs.agents.records import RUN_EPISODES, append_lines, batch_lines, keep_batches
 from twice_envs.errors import DataFormatError, TwiceError
@@ -100,15 +99,13 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     model = state.policy.model
     pad = getattr(state.policy, "pad_id", 0)
     # minibatches of similar lengths waste little padding (random order within a length)
-    lengths = [sum(len(seg[0]) for seg in pack_segments(e)) for e in episodes]
+    lengths = [packed_length(e) for e in episodes]
     order = np.lexsort((state.rng.random(len(episodes)), lengths))
     chunks = [c for c in np.array_split(order, max(1, min(config.minibatches, len(episodes)))) if len(c)]
     agg = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "grad_norm": 0.0}
     for chunk in chunks:
         # micro-batches: the gradients of one minibatch accumulate, each loss divided by the minibatch's tokens
-        size = config.micro_batch or len(chunk)
-        micro = [pack([episodes[i] for i in chunk[j:j + size]], [advantages[i] for i in chunk[j:j + size]], pad_id=pad)
-                 for j in range(0, len(chunk), size)]
+        micro = pack_micro_batches(episodes, advantages, chunk, config.micro_batch or len(chunk), pad)
         n = max(sum(b.num_tokens for b in micro), 1)
         state.optimizer.zero_grad(set_to_none=True)
         for batch in micro:
@@ -279,7 +276,7 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
         atomic_write_text(metrics_path, "")
         atomic_write_text(out / RUN_EPISODES, "")
     atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=1))
-    size = split_size(config.env, config.env_kwargs, config.train_split) if config.indexed_tasks else None
+    size = indexed_split_size(config, config.train_split)
     pool = min(x for x in (size, config.task_pool) if x) if (size or config.task_pool) else 1000
     results = []
     if eval_before and state.update == 0:

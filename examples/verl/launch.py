@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="write the data, print the command, do not train")
     a, extra = p.parse_known_args(argv)
     if a.train_questions is None:
-        from twice_envs.agents.training.trainer import split_size
+        from twice_envs.agents.training.evaluate import split_size
 
         a.train_questions = split_size("SearchQA-v0", {}, "train") or 10_000
     data = Path(a.data_dir)
