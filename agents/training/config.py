@@ -88,7 +88,8 @@ class TrainConfig:
     vine_k: int = 2
     """VinePPO rollouts per state."""
     seed: int = 0
-    """Seed of task sampling, coins, noise seeds and torch."""
+    """Seed of task sampling, noise seeds, the minibatch order, the credit step's coins
+    (:func:`~twice_envs.agents.training.trainer.credit_generator`) and torch."""
     train_split: str = "train"
     """Split the training tasks come from."""
     dev_split: str = "dev"

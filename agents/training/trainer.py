@@ -63,6 +63,24 @@ def _seed_torch(seed: int) -> None:
     random.seed(seed)
 
 
+# the credit step's stream of a run's seed (an arbitrary constant: a stream no other draw uses)
+CREDIT_STREAM = 0xC4ED17
+
+
+def credit_generator(seed: int, update: int) -> np.random.Generator:
+    """The generator of every coin the credit step of update ``update`` (0-based) draws.
+
+    It is keyed by the run's seed and the update, apart from the run's generator, which draws
+    the tasks, the noise seeds and the minibatch order. So a method's coins (Twice's and CRR's
+    branch coins, the tree methods' nodes, the predictor's SGD order) leave the run's generator
+    where every other method leaves it: two methods run from one seed that train on the same
+    number of episodes per update (GRPO, GiGPO, Twice, CRR) draw the same tasks with the same
+    luck at every update, and their training metrics pair update by update. A method that
+    trains on more episodes (``grpo-2x``, a method that grows the batch) draws more minibatch
+    keys, so it shares the first update's tasks only. Resuming needs no state for it."""
+    return np.random.default_rng([int(seed), int(update), CREDIT_STREAM])
+
+
 def _lr_lambda(warmup: int):
     return lambda step: min(1.0, (step + 1) / max(1, warmup))
 
@@ -196,10 +214,10 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         episodes = [e for e in episodes if e.group in wanted] or first
     twins = [] if records is not None else None
     t1 = time.perf_counter()
-    credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling, rng=state.rng,
-                           update=u, noise_seed=noise_seed, predictor_state=state.predictor, vine_k=config.vine_k,
-                           answer_probs_fn=answer_probs,
-                           critic=state.critic, records=twins)
+    credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling,
+                         rng=credit_generator(config.seed, u), update=u, noise_seed=noise_seed,
+                         predictor_state=state.predictor, vine_k=config.vine_k, answer_probs_fn=answer_probs,
+                         critic=state.critic, records=twins)
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state
     t2 = time.perf_counter()

@@ -16,6 +16,7 @@ from twice_envs.agents.training.config import read_run_config
 from twice_envs.agents.training.trainer import (
     RunExistsError,
     TrainConfig,
+    credit_generator,
     evaluate,
     keep_mixed_groups,
     mixed_group_share,
@@ -33,13 +34,14 @@ def policy_factory():
 
 
 def test_resume_continues_exactly(tmp_path, policy_factory):
-    straight = toy_config(tmp_path / "a", method="twice", updates=2)
+    # seed 1: both of its updates carry signal (on seed 0 every return and twin ties, so no weight moves)
+    straight = toy_config(tmp_path / "a", method="twice", updates=2, seed=1)
     m_straight = train(straight, policy=policy_factory(), progress=False)
     a_state = torch.load(tmp_path / "a" / "run" / "checkpoint" / "state.pt", weights_only=True)
 
-    first = toy_config(tmp_path / "b", method="twice", updates=1)
+    first = toy_config(tmp_path / "b", method="twice", updates=1, seed=1)
     train(first, policy=policy_factory(), progress=False)
-    resumed = toy_config(tmp_path / "b", method="twice", updates=2)
+    resumed = toy_config(tmp_path / "b", method="twice", updates=2, seed=1)
     m_resumed = train(resumed, policy=policy_factory(), progress=False, resume=True)
     b_state = torch.load(tmp_path / "b" / "run" / "checkpoint" / "state.pt", weights_only=True)
 
@@ -437,3 +439,36 @@ def test_micro_batches_accumulate_to_the_same_step(tmp_path, policy_factory, mon
     m_one = real(unclipped, episodes, advantages, one)
     m_clipped = real(clipped, episodes, advantages, replace(one, max_grad_norm=1e-9))
     assert m_one["grad_norm"] > 1e-3 and m_clipped["grad_norm"] == pytest.approx(m_one["grad_norm"], rel=1e-4)
+
+
+def _drawn_batches(monkeypatch, tmp_path, policy, method: str, updates: int = 3) -> list:
+    """The tasks and noise seed of every factual batch a run of ``method`` samples."""
+    from twice_envs.agents.training import trainer as trainer_mod
+
+    drawn, real = [], trainer_mod.rollout
+
+    def rollout(policy, env, tasks, **kw):
+        drawn.append(([(t.seed, sorted(t.options.items())) for t in tasks], kw["noise_seed"]))
+        return real(policy, env, tasks, **kw)
+
+    monkeypatch.setattr(trainer_mod, "rollout", rollout)
+    train(toy_config(tmp_path / method, method=method, updates=updates), policy=policy, progress=False)
+    monkeypatch.undo()
+    return drawn
+
+
+def test_methods_that_draw_coins_train_on_the_tasks_and_luck_grpo_does(tmp_path, policy_factory, monkeypatch):
+    """The credit step's coins come from a generator of their own: a method that draws them samples the
+    same tasks with the same noise seeds as GRPO at every update, so the training metrics of two methods
+    pair update by update."""
+    grpo = _drawn_batches(monkeypatch, tmp_path, policy_factory(), "grpo")
+    assert len(grpo) == 3 and len({seed for _, seed in grpo}) == 3
+    for method in ("twice", "crr"):
+        assert _drawn_batches(monkeypatch, tmp_path, policy_factory(), method) == grpo, method
+
+
+def test_the_credit_generator_is_keyed_by_seed_and_update():
+    a = credit_generator(0, 1).random(4)
+    assert np.array_equal(a, credit_generator(0, 1).random(4))
+    assert not np.array_equal(a, credit_generator(0, 2).random(4))
+    assert not np.array_equal(a, credit_generator(1, 1).random(4))
