@@ -58,8 +58,7 @@ def run_cost(config: CostConfig, *, log=lambda m: None) -> dict:
     from twice_envs.agents.models.load import load_policy, resolve_model_dir
     from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
     from twice_envs.agents.training.config import cpu_config
-    from twice_envs.agents.training.evaluate import indexed_split_size
-    from twice_envs.agents.training.trainer import init_state, train_update
+    from twice_envs.agents.training.trainer import init_state, train_update, training_pool
 
     if config.updates <= config.skip:
         raise ValueError(f"updates ({config.updates}) must exceed skip ({config.skip})")
@@ -70,15 +69,14 @@ def run_cost(config: CostConfig, *, log=lambda m: None) -> dict:
     base = cpu_config(env=config.env, model=config.model, seed=config.seed, updates=config.updates,
                       env_kwargs=trained_env_kwargs(model_dir, config.env), window=trained_window(model_dir),
                       eval_every=0, questions_per_update=config.questions)
-    size = indexed_split_size(base, base.train_split)
-    pool = min(x for x in (size, base.task_pool) if x) if (size or base.task_pool) else 1000
+    pool, indexed = training_pool(base)
     runs = {m: (replace(base, method=m), init_state(replace(base, method=m), load_policy(config.model)))
             for m in methods}
     rows: dict[str, list[dict]] = {m: [] for m in methods}
     for u in range(config.updates):
         for m, (cfg, state) in runs.items():
             t0 = time.perf_counter()
-            row = train_update(state, cfg, pool, size is not None)
+            row = train_update(state, cfg, pool, indexed)
             row["wall"] = time.perf_counter() - t0
             rows[m].append(row)
             log(f"update {u + 1}/{config.updates} {m}: {row['wall']:.1f} s, {row['generated_tokens']} + "

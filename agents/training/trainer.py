@@ -189,6 +189,17 @@ def sample_batch(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     return episodes, noise_seed
 
 
+def training_pool(config: TrainConfig) -> tuple[int, bool]:
+    """The number of training tasks a run draws from, and whether they are named by split and index.
+
+    Indexed tasks (``config.indexed_tasks`` and an env whose reset takes them) come from the first
+    ``task_pool`` of the training split (all of it when None); tasks named by reset seed come from the
+    first ``task_pool`` seeds (1,000 when None)."""
+    size = indexed_split_size(config, config.train_split)
+    pool = min(x for x in (size, config.task_pool) if x) if (size or config.task_pool) else 1000
+    return pool, size is not None
+
+
 def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True,
                  records: list | None = None) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics.
@@ -294,15 +305,14 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
         atomic_write_text(metrics_path, "")
         atomic_write_text(out / RUN_EPISODES, "")
     atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=1))
-    size = indexed_split_size(config, config.train_split)
-    pool = min(x for x in (size, config.task_pool) if x) if (size or config.task_pool) else 1000
+    pool, indexed = training_pool(config)
     results = []
     if eval_before and state.update == 0:
         ev = evaluate(state.policy, config)
         _append(metrics_path, {"update": 0, "eval": ev})
     while state.update < config.updates:
         lines: list = []
-        m = train_update(state, config, pool, size is not None, records=lines)
+        m = train_update(state, config, pool, indexed, records=lines)
         append_lines(out / RUN_EPISODES, lines)
         if config.eval_every and state.update % config.eval_every == 0:
             m["eval"] = evaluate(state.policy, config)
