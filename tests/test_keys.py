@@ -17,6 +17,7 @@ from twice_envs.keys import (
     UINT64_MAX,
     audit_seed,
     branch_plan_rng,
+    credit_rng,
     derive_episode_seed,
     episode_noise_seed,
     independent_seed,
@@ -33,7 +34,7 @@ def test_salts_are_distinct_named_ints():
     assert len(set(SEED_SALTS.values())) == len(SEED_SALTS)
     assert all(isinstance(k, str) and isinstance(v, int) and 0 <= v <= UINT64_MAX for k, v in SEED_SALTS.items())
     assert SEED_SALTS == {"episode": 0x7457, "rollout": 0x52_4F_4C, "independent": 0x43_52_52, "branch_plan": 0x5457494E,
-                          "audit": 0x41_55_44}
+                          "audit": 0x41_55_44, "credit": 0xC4_ED_17}
     with pytest.raises(TypeError):
         SEED_SALTS["other"] = 1  # read-only: a new purpose is added in keys.py, with its own salt
 
@@ -181,6 +182,12 @@ def test_audit_streams_never_alias():
 
 def test_every_rule_is_exported():
     for name in ("episode_noise_seed", "independent_seed", "lab_episode_seed", "lab_independent_seed",
-                 "lab_pair_seed", "branch_plan_rng", "stable_seed", "stable_json_seed", "SEED_SALTS",
+                 "lab_pair_seed", "branch_plan_rng", "credit_rng", "stable_seed", "stable_json_seed", "SEED_SALTS",
                  "audit_seed", "AUDIT_STREAMS"):
         assert name in keys.__all__
+
+
+def test_credit_rng_known_draws():
+    # the coins of the runs measured in the docs: the rule may not change its output
+    assert np.allclose(credit_rng(11, 3).random(3), [0.9342522952166165, 0.3815350181750258, 0.5123038421627022],
+                       rtol=0, atol=1e-15)

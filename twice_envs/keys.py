@@ -38,6 +38,7 @@ __all__ = [
     "UINT64_MAX",
     "audit_seed",
     "branch_plan_rng",
+    "credit_rng",
     "check_seed",
     "derive_episode_seed",
     "draw_seed",
@@ -69,12 +70,15 @@ UINT32_MAX = (1 << 32) - 1
 #:   which decisions of one served episode get twins (:func:`branch_plan_rng`).
 #: * ``audit`` (``0x415544``, "AUD"): the noise seeds of the credit audit's auxiliary
 #:   rollouts, one named stream per purpose (:func:`audit_seed`, :data:`AUDIT_STREAMS`).
+#: * ``credit`` (``0xC4ED17``): the generator of the coins of the credit step of one
+#:   training update (:func:`credit_rng`).
 SEED_SALTS: Mapping[str, int] = MappingProxyType({
     "episode": 0x74_57,
     "rollout": 0x52_4F_4C,
     "independent": 0x43_52_52,
     "branch_plan": 0x54_57_49_4E,
     "audit": 0x41_55_44,
+    "credit": 0xC4_ED_17,
 })
 
 #: The streams of :func:`audit_seed` and the number each one puts in its entropy. Read-only;
@@ -265,6 +269,18 @@ def branch_plan_rng(noise_seed: int) -> np.random.Generator:
     plan of which decisions get twins is a function of the episode's noise seed.
     """
     return np.random.default_rng(np.random.SeedSequence([int(noise_seed) & UINT64_MAX, SEED_SALTS["branch_plan"]]))
+
+
+def credit_rng(seed: int, update: int) -> np.random.Generator:
+    """The generator of every coin the credit step of training update ``update`` (0-based) of a
+    run seeded ``seed`` draws.
+
+    ``default_rng(SeedSequence([seed, update, SEED_SALTS["credit"]]))``, apart from the run's own
+    generator (which draws the tasks, the noise seeds and the minibatch order), so that a method's
+    coins leave the run's draws where every other method leaves them
+    (:mod:`twice_envs.agents.training.trainer`).
+    """
+    return np.random.default_rng([int(seed), int(update), SEED_SALTS["credit"]])
 
 
 def _sha256_uint64(text: str) -> int:

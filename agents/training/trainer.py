@@ -49,6 +49,7 @@ from twice_envs.agents.training.loss import LossConfig, pack_micro_batches, pack
 from twice_envs.agents.types import measure_means
 from twice_envs.agents.records import RUN_EPISODES, append_lines, batch_lines, keep_batches
 from twice_envs.errors import DataFormatError, TwiceError
+from twice_envs.keys import credit_rng
 from twice_envs.trajectory import atomic_write_text
 
 
@@ -63,12 +64,9 @@ def _seed_torch(seed: int) -> None:
     random.seed(seed)
 
 
-# the credit step's stream of a run's seed (an arbitrary constant: a stream no other draw uses)
-CREDIT_STREAM = 0xC4ED17
-
-
 def credit_generator(seed: int, update: int) -> np.random.Generator:
-    """The generator of every coin the credit step of update ``update`` (0-based) draws.
+    """The generator of every coin the credit step of update ``update`` (0-based) draws
+    (:func:`twice_envs.keys.credit_rng`).
 
     It is keyed by the run's seed and the update, apart from the run's generator, which draws
     the tasks, the noise seeds and the minibatch order. So a method's coins (Twice's and CRR's
@@ -78,7 +76,7 @@ def credit_generator(seed: int, update: int) -> np.random.Generator:
     luck at every update, and their training metrics pair update by update. A method that
     trains on more episodes (``grpo-2x``, a method that grows the batch) draws more minibatch
     keys, so it shares the first update's tasks only. Resuming needs no state for it."""
-    return np.random.default_rng([int(seed), int(update), CREDIT_STREAM])
+    return credit_rng(seed, update)
 
 
 def _lr_lambda(warmup: int):
