@@ -38,6 +38,7 @@ from twice_envs.agents.sampling.devices import device_arg, torch_device
 from twice_envs.agents.stats import (
     episodes_for_difference,
     paired_change,
+    paired_mean,
     pairs_resolution,
     wilson,
 )
@@ -296,6 +297,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
         for method in cfg.methods:
             env_res["methods"][method] = _method_summary([done[method, seed] for seed in cfg.seeds])
         env_res["pairs"] = method_pairs(env_res["methods"])
+        env_res["train_pairs"] = training_pairs(env_res["methods"])
         results["envs"][env_id] = env_res
         _plot(root, env_id, cfg)
     root.mkdir(parents=True, exist_ok=True)
@@ -337,7 +339,14 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "outcomes": outcomes,
         **paired_change(outcomes, before),
         "curve": held_out_curve(per_seed, before),
+        "train_measure": _headline(rows),
+        "train_curves": [[[r["update"], r.get(_headline(rows)), r.get("batch")] for r in s["train"]] for s in per_seed],
     }
+
+
+def _headline(rows: list[dict]) -> str:
+    """The env's headline measure in a run's metrics rows (success on the games), else the reward."""
+    return next((r["measures"][0] for r in rows if r.get("measures")), "reward")
 
 
 def held_out_curve(per_seed: list[dict], before: list) -> list[dict]:
@@ -361,6 +370,34 @@ def method_pairs(methods: dict) -> dict:
     names = [m for m, x in methods.items() if x.get("outcomes")]
     return {f"{a} - {b}": paired_change(methods[a]["outcomes"], methods[b]["outcomes"])
             for i, a in enumerate(names) for b in names[i + 1:]}
+
+
+def training_pairs(methods: dict) -> dict:
+    """Paired differences of the training measure between every two methods, ``{"twice - grpo": ...}``:
+    the mean over the updates (of every seed) on which the two runs sampled the same tasks with the
+    same luck (the same ``batch`` digest in their metrics), with a Student t interval over those
+    updates (:func:`~twice_envs.agents.stats.paired_mean`).
+
+    The first update is left out: both runs play it with the start model, so it differs by nothing.
+    Methods that sample more episodes per task (GRPO (2x)) or draw further batches never share a
+    batch with the others after the first update, and a pair with fewer than two shared updates is
+    absent."""
+    names = [m for m, x in methods.items() if x.get("train_curves")]
+    out = {}
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            diffs, updates = [], []
+            for ca, cb in zip(methods[a]["train_curves"], methods[b]["train_curves"]):
+                by_update = {u: (v, batch) for u, v, batch in cb}
+                for u, v, batch in ca:
+                    w, other = by_update.get(u, (None, None))
+                    if u > 1 and batch is not None and batch == other and v is not None and w is not None:
+                        diffs.append(v - w)
+                        updates.append(u)
+            if len(diffs) >= 2:
+                out[f"{a} - {b}"] = {**paired_mean(diffs), "updates": [min(updates), max(updates)],
+                                     "measure": methods[a].get("train_measure")}
+    return out
 
 
 #: Settings that may differ between runs joined by :func:`merge_results`: they do not change what a
@@ -424,6 +461,7 @@ def merge_results(paths: Sequence[str | Path]) -> dict:
                     merged["config"]["methods"].append(method)
     for e in merged["envs"].values():
         e["pairs"] = method_pairs(e["methods"])
+        e["train_pairs"] = training_pairs(e["methods"])
     return merged
 
 
@@ -490,7 +528,15 @@ def report(results: dict) -> str:
                 lines.append(f"  the widest paired interval between two methods has half-width {half:.3f}: it {verdict} "
                              f"tell apart a 5-point difference (every pair would need about {need} held-out episodes "
                              f"per method at the observed spread; here {n})")
-            else:
+            train_pairs = r.get("train_pairs") or {}
+            if train_pairs:
+                lines.append("  paired training differences (updates that sampled the same tasks with the same luck; "
+                             "t interval over them), 95% CI:")
+                for name, x in train_pairs.items():
+                    sig = "significant" if x["significant"] else "not significant"
+                    lines.append(f"    {name}: {x['measure']} {x['mean']:+.3f} [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}] over "
+                                 f"{x['n']} updates ({x['updates'][0]}-{x['updates'][1]}) {sig}")
+            if not pairs:
                 n = min(x["episodes"] for x in ms.values())
                 p = float(np.mean([x["success"] for x in ms.values()]))
                 # the same floor as episodes_for_difference: near 0 or 1 the normal approximation says too little

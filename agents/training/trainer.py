@@ -15,6 +15,7 @@ continues exactly. Training into a folder that already holds a run needs ``resum
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -187,6 +188,16 @@ def sample_batch(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     return episodes, noise_seed
 
 
+def batch_digest(episodes, noise_seeds) -> str:
+    """A short digest of the tasks an update sampled, episode by episode, and of its noise seeds.
+
+    Two runs whose updates have the same digest played the same tasks with the same luck, so a
+    training measure of theirs pairs up update by update (``twice bench games`` pairs methods so)."""
+    tasks = [[int(e.seed), e.options] for e in episodes]
+    blob = json.dumps([tasks, [int(s) for s in noise_seeds]], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def training_pool(config: TrainConfig) -> tuple[int, bool]:
     """The number of training tasks a run draws from, and whether they are named by split and index.
 
@@ -210,11 +221,12 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     tcfg = effective_twice(config)
     sampling = sampling_config(config)
     first, noise_seed = sample_batch(state, config, pool, indexed, sampling)
-    episodes, sampled, batches = first, first, 1
+    episodes, sampled, batches, seeds = first, first, 1, [noise_seed]
     if config.filter_groups:  # dynamic sampling: further batches until enough groups carry outcome signal
         episodes = keep_mixed_groups(first)
         while len({e.group for e in episodes}) < config.questions_per_update and batches < config.max_sample_batches:
-            more, _ = sample_batch(state, config, pool, indexed, sampling)
+            more, more_seed = sample_batch(state, config, pool, indexed, sampling)
+            seeds.append(more_seed)
             more = renumber_groups(more, first=1 + max(e.group for e in sampled))
             sampled, batches = sampled + more, batches + 1
             episodes = episodes + keep_mixed_groups(more)
@@ -253,6 +265,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         "turns_per_episode": float(np.mean([len(e.turns) for e in sampled])),
         "mixed_groups": mixed_group_share(sampled),
         "sample_batches": batches,
+        "batch": batch_digest(sampled, seeds),
         "trained_groups": len({e.group for e in episodes}),
         # turns holding no admissible action (the env flags them); benchmarks report the share
         "turns": sum(len(e.turns) for e in sampled),

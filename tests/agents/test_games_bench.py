@@ -88,6 +88,9 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
     r = res["envs"]["WebShop-v0"]
     assert set(r["methods"]) == {"grpo", "grpo-2x", "gigpo", "twice", "crr"}
     assert r["before"]["all"]["episodes"] == 2
+    def rows_of(m):
+        return json.loads((tmp_path / "WebShop-v0" / f"{m}-s0" / "metrics.jsonl").read_text().splitlines()[0])
+
     for m, x in r["methods"].items():
         rows = [json.loads(l) for l in (tmp_path / "WebShop-v0" / f"{m}-s0" / "metrics.jsonl").read_text().splitlines()]
         n = 2 * get_method(m).rollouts  # 1 task x G = 2 episodes (GRPO (2x): 2 G) of 1-2 turns
@@ -111,6 +114,13 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
     assert "paired differences between methods" in text and "grpo - crr:" in text
     assert all(0.0 <= x["eval_mean_reward"] <= 1.0 for x in r["methods"].values())
     assert json.loads((tmp_path / "results.json").read_text())["envs"]["WebShop-v0"]["model"] == str(tiny_dir())
+    # each update's training success and batch are kept: the methods that sample G episodes a task drew the
+    # same first batch, GRPO (2x) another; one update leaves no update after the first to pair
+    batches = {m: x["train_curves"][0][0][2] for m, x in r["methods"].items()}
+    assert len({batches[m] for m in ("grpo", "gigpo", "twice", "crr")}) == 1 != len(set(batches.values()))
+    assert all(x["train_measure"] == "success" and x["train_curves"][0][0][:2] == [1, rows_of(m)["success"]]
+               for m, x in r["methods"].items())
+    assert r["train_pairs"] == {}
 
 
 def test_ordering_shows_ties_and_the_report_never_claims_power_it_lacks():
@@ -269,6 +279,41 @@ def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
     assert list(hyphens) == ["grpo-2x - tree-grpo"] and "    grpo-2x - tree-grpo: +0.333" in text
 
 
+def test_t_quantiles_and_the_paired_mean_interval():
+    # Student t quantiles as tabulated
+    for p, df, q in ((0.975, 1, 12.7062), (0.975, 14, 2.1448), (0.975, 18, 2.1009), (0.995, 5, 4.0321),
+                     (0.975, 1000, 1.9623)):
+        assert stats.t_quantile(p, df) == pytest.approx(q, abs=1e-4)
+    res = stats.paired_mean([0.1, 0.3, 0.2])
+    half = 4.3027 * 0.1 / 3 ** 0.5  # t(0.975, 2) x sample sd / root n
+    assert res["mean"] == pytest.approx(0.2) and res["n"] == 3
+    assert res["ci"] == pytest.approx([0.2 - half, 0.2 + half], abs=1e-4) and res["significant"] is False
+    assert stats.paired_mean([0.2, 0.3, 0.25])["significant"] is True  # 0.25 +- 0.124
+    for bad in (lambda: stats.paired_mean([0.1]), lambda: stats.t_quantile(0.4, 3), lambda: stats.t_quantile(0.9, 0)):
+        with pytest.raises(ValueError):
+            bad()
+
+
+def test_training_measures_pair_only_on_updates_that_sampled_the_same_batch():
+    # seed 0 of each method: [update, success, batch digest]
+    a = {"train_measure": "success", "train_curves": [[[1, 0.5, "b1"], [2, 0.6, "b2"], [3, 0.9, "b3"], [4, 0.8, "b4"]]]}
+    b = {"train_measure": "success", "train_curves": [[[1, 0.5, "b1"], [2, 0.5, "b2"], [3, 0.6, "b3"], [4, 0.1, "other"]]]}
+    two_x = {"train_measure": "success", "train_curves": [[[1, 0.5, "x1"], [2, 0.7, "x2"], [3, 0.7, "x3"]]]}
+    old = {"train_measure": "success", "train_curves": [[[1, 0.5, None], [2, 0.5, None], [3, 0.5, None]]]}
+    pairs = gb.training_pairs({"twice": a, "grpo": b, "grpo-2x": two_x, "old": old, "none": {}})
+    # update 1 (both start models) and update 4 (other tasks) are left out: differences 0.1 and 0.3
+    assert list(pairs) == ["twice - grpo"]
+    got, want = pairs["twice - grpo"], stats.paired_mean([0.1, 0.3])
+    assert got["mean"] == pytest.approx(want["mean"]) and got["ci"] == pytest.approx(want["ci"])
+    assert (got["n"], got["significant"], got["updates"], got["measure"]) == (2, False, [2, 3], "success")
+    ep = {"all": {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 4, "valid_share": 0.8}}
+    method = {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 4, "aux_tokens_per_update": 0,
+              "seconds_per_update": 1.0, "train_invalid_share": 0.1}
+    text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"twice": method, "grpo": method},
+                                     "train_pairs": pairs}}})
+    assert "twice - grpo: success +0.200 [-1.071, +1.471] over 2 updates (2-3) not significant" in text
+
+
 def test_eval_only_writes_its_outcomes_and_pairs_them_with_an_earlier_run(tmp_path, capsys):
     def run(out, *extra):
         return gb.main(["--eval-only", "--envs", "WebShop-v0", "--model", f"WebShop-v0={tiny_dir()}",
@@ -323,6 +368,12 @@ def _run_results(tmp_path, name, methods, before=(1, 0, 1, 0), **config):
 def test_merge_joins_runs_of_other_methods_into_one_paired_comparison(tmp_path, capsys):
     a = _run_results(tmp_path, "a", {"grpo": (1, 1, 1, 0)}, eval_every=5)
     b = _run_results(tmp_path, "b", {"twice": (1, 0, 1, 1), "crr": (0, 0, 1, 0)}, eval_every=0)
+    for run, method, curve in (("a", "grpo", [[1, 0.5, "u1"], [2, 0.75, "u2"], [3, 0.5, "u3"]]),
+                               ("b", "twice", [[1, 0.5, "u1"], [2, 0.5, "u2"], [3, 0.25, "u3"]])):
+        f = tmp_path / run / "results.json"
+        res = json.loads(f.read_text())
+        res["envs"]["WebShop-v0"]["methods"][method].update(train_measure="success", train_curves=[curve])
+        f.write_text(json.dumps(res))
     out = tmp_path / "joined"
     assert gb.main(["--merge", a, b, "--out", str(out)]) == 0
     res = json.loads((out / "results.json").read_text())
@@ -330,6 +381,8 @@ def test_merge_joins_runs_of_other_methods_into_one_paired_comparison(tmp_path, 
     assert list(e["methods"]) == ["grpo", "twice", "crr"] == res["config"]["methods"]
     assert e["pairs"]["grpo - twice"] == stats.paired_change([1, 1, 1, 0], [1, 0, 1, 1])
     assert set(e["pairs"]) == {"grpo - twice", "grpo - crr", "twice - crr"}
+    # training success pairs across the runs, on updates 2 and 3 (crr kept no training curve)
+    assert list(e["train_pairs"]) == ["grpo - twice"] and e["train_pairs"]["grpo - twice"]["mean"] == 0.25
     assert res["merged_from"] == [str(tmp_path / "a" / "results.json"), str(tmp_path / "b" / "results.json")]
     text = capsys.readouterr().out
     assert "paired differences between methods" in text and "grpo - crr: +0.500" in text

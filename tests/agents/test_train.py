@@ -21,6 +21,7 @@ from twice_envs.agents.training.trainer import (
     keep_mixed_groups,
     mixed_group_share,
     progress_line,
+    read_metrics,
     train,
 )
 from twice_envs.errors import DataFormatError
@@ -465,6 +466,18 @@ def test_methods_that_draw_coins_train_on_the_tasks_and_luck_grpo_does(tmp_path,
     assert len(grpo) == 3 and len({seed for _, seed in grpo}) == 3
     for method in ("twice", "crr"):
         assert _drawn_batches(monkeypatch, tmp_path, policy_factory(), method) == grpo, method
+
+
+def test_each_update_names_its_batch_so_runs_pair_where_they_sampled_alike(tmp_path, policy_factory):
+    """``batch`` in the metrics digests the tasks and noise an update sampled: equal for GRPO and Twice
+    at every update, different between updates, and different for GRPO (2x), which samples 2 G episodes."""
+    digests = {}
+    for method in ("grpo", "twice", "grpo-2x"):
+        train(toy_config(tmp_path / method, method=method, updates=2), policy=policy_factory(), progress=False)
+        digests[method] = [r["batch"] for r in read_metrics(tmp_path / method / "run" / "metrics.jsonl")]
+    assert digests["grpo"] == digests["twice"] and len(set(digests["grpo"])) == 2
+    assert all(len(d) == 16 for d in digests["grpo"])
+    assert not set(digests["grpo-2x"]) & set(digests["grpo"])
 
 
 def test_the_credit_generator_is_keyed_by_seed_and_update():
