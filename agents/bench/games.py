@@ -248,7 +248,8 @@ def train_and_evaluate(cfg: GamesBenchConfig, env_id: str, method: str, seed: in
     train(tc, policy=policy, progress=False, log=on_update, resume=cfg.resume)
     rows = read_metrics(out / "metrics.jsonl")  # every update, those of a continued run's start too
     after = _held_out(cfg, env_id, setting, policy, seed)
-    curve.append((cfg.updates, after["all"]["outcomes"]))
+    # a run continued to the updates it already holds evaluates its last point again: one point an update
+    curve = [(u, o) for u, o in curve if u != cfg.updates] + [(cfg.updates, after["all"]["outcomes"])]
     _save_curve(out, evaluation, curve)
     log(f"{env_id} {method} seed {seed}: success {after['all']['success']:.3f} "
         f"(before {np.mean(before_outcomes):.3f}), {np.mean([r['time'] for r in rows]):.1f} s/update")

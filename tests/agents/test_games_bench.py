@@ -435,6 +435,10 @@ def test_resume_continues_each_run_to_more_updates_and_keeps_its_curve(tmp_path,
     curve = res["envs"]["WebShop-v0"]["methods"]["grpo"]["curve"]
     assert [c["update"] for c in curve] == [1, 2, 3, 4]
     assert curve[0] == first["envs"]["WebShop-v0"]["methods"]["grpo"]["curve"][0]  # kept from curve.json
+    # continued to the updates it holds: nothing trains, its last point is evaluated again, not added twice
+    again = gb.run_games_bench(gb.GamesBenchConfig(updates=4, resume=True, **base), log=lambda m: None)
+    assert (run / "metrics.jsonl").read_text().splitlines() == rows
+    assert again["envs"]["WebShop-v0"]["methods"]["grpo"]["curve"] == curve
     with pytest.raises(ValueError, match=r"config.json.*lr: 0.0002 there, 0.001 now"):
         gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **{**base, "lr": 1e-3}))
     with pytest.raises(ValueError, match="already holds 4 updates, more than --updates 3"):
