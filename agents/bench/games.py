@@ -327,6 +327,7 @@ def _method_summary(per_seed: list[dict]) -> dict:
     bad = sum(r.get("invalid_turns", 0) for r in rows)
     outcomes = [o for s in per_seed for o in s["after"]["all"]["outcomes"]]
     before = [o for s in per_seed for o in s["before_outcomes"]]
+    measure = _headline(rows)
     return {
         "success": wins / max(n, 1), "success_ci": list(wilson(wins, n)), "episodes": n,
         "per_seed": [s["after"]["all"]["success"] for s in per_seed],
@@ -340,8 +341,8 @@ def _method_summary(per_seed: list[dict]) -> dict:
         "outcomes": outcomes,
         **paired_change(outcomes, before),
         "curve": held_out_curve(per_seed, before),
-        "train_measure": _headline(rows),
-        "train_curves": [[[r["update"], r.get(_headline(rows)), r.get("batch")] for r in s["train"]] for s in per_seed],
+        "train_measure": measure,
+        "train_curves": [[[r["update"], r.get(measure), r.get("batch")] for r in s["train"]] for s in per_seed],
     }
 
 
@@ -380,9 +381,9 @@ def training_pairs(methods: dict) -> dict:
     updates (:func:`~twice_envs.agents.stats.paired_mean`).
 
     The first update is left out: both runs play it with the start model, so it differs by nothing.
-    Methods that sample more episodes per task (GRPO (2x)) or draw further batches never share a
-    batch with the others after the first update, and a pair with fewer than two shared updates is
-    absent."""
+    A method that samples more episodes per task (GRPO (2x)) shares no batch with the others, nor do
+    two runs on an update where their dynamic sampling drew different batches; a pair with fewer than
+    two shared updates is absent."""
     names = [m for m, x in methods.items() if x.get("train_curves")]
     out = {}
     for i, a in enumerate(names):
