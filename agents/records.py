@@ -11,6 +11,10 @@ Twins follow the factual episodes of their batch. A record without a trajectory 
 episodes, which live in lab envs) is the agent's record alone. Run folders drop the token ids of
 prompts and observations (:data:`SLIM_FIELDS`): the trajectory holds their text, and a run's file
 stays a fraction of the size.
+
+Every file is a record file (:mod:`twice_envs.files`): its first line is a header counting the
+lines that follow, so a file cut short is reported, naming the counts. A run's file is appended to
+after each update and its count rewritten in place.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from twice_envs.agents.types import EpisodeRecord
-from twice_envs.trajectory import ENCODING, ERRORS, atomic_write_text
+from twice_envs.files import ENCODING, ERRORS, append_record_lines, is_header, write_record_lines
 
 #: The episode file of a ``twice train`` run folder (beside ``config.json`` and ``metrics.jsonl``).
 RUN_EPISODES = "episodes.jsonl"
@@ -82,17 +86,15 @@ def batch_lines(factual: Sequence[EpisodeRecord], twins: Iterable[EpisodeRecord]
 
 
 def append_lines(path: str | os.PathLike, lines: Sequence[str]) -> None:
-    """Append lines to a record file (created if missing)."""
-    if not lines:
-        return
-    with open(path, "a", encoding=ENCODING, errors=ERRORS) as fh:
-        fh.write("".join(line + "\n" for line in lines))
+    """Append lines to a record file (created if missing) and count them in its header."""
+    if lines:
+        append_record_lines(path, lines)
 
 
 def keep_batches(path: str | os.PathLike, last: int) -> None:
-    """Keep only the lines of batches ``<= last`` (a resumed run drops what it will redo).
+    """Keep only the lines of batches ``<= last`` (a resumed run drops what it will redo), recounted.
 
-    A line that cannot be read is kept as it is (the explorer names it)."""
+    A line that cannot be read is kept as it is (the explorer names it); the header is written anew."""
     path = Path(path)
     if not path.exists():
         return
@@ -102,13 +104,16 @@ def keep_batches(path: str | os.PathLike, last: int) -> None:
             if not line.strip():
                 continue
             try:
-                batch = json.loads(line).get("batch", 0)
-            except (ValueError, AttributeError):
-                kept.append(line)
+                value = json.loads(line)
+            except (ValueError, RecursionError):
+                kept.append(line.rstrip("\n"))
                 continue
+            if not kept and is_header(value):
+                continue
+            batch = value.get("batch", 0) if isinstance(value, dict) else None
             if not isinstance(batch, int) or batch <= last:
-                kept.append(line)
-    atomic_write_text(path, "".join(x if x.endswith("\n") else x + "\n" for x in kept), errors=ERRORS)
+                kept.append(line.rstrip("\n"))
+    write_record_lines(path, kept)
 
 
 def decision_lines(factual: Sequence[EpisodeRecord], twins: Sequence[EpisodeRecord],
@@ -126,6 +131,5 @@ def decision_lines(factual: Sequence[EpisodeRecord], twins: Sequence[EpisodeReco
 
 
 def write_lines(path: str | os.PathLike, lines: Sequence[str]) -> Path:
-    """Write a record file atomically; returns its path."""
-    atomic_write_text(path, "".join(line + "\n" for line in lines), errors=ERRORS)
-    return Path(path)
+    """Write a record file atomically (a header counting ``lines``, then the lines); returns its path."""
+    return write_record_lines(path, lines)

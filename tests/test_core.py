@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import twice_envs
 from tests import toy_envs  # noqa: F401  (registers CoinChain-v0)
 from twice_envs import NoiseKey, ReplayDivergence, TwiceError
+from tests.test_trajectory import rechained
 from twice_envs.trajectory import step_digest
 
 ACTIONS = ["left", "right", "look", "jump", ""]
@@ -164,6 +165,9 @@ def test_replay_detects_tampering_and_version_change():
     assert exc.value.turn == 1
     old = json.loads(json.dumps(rec))
     old["env_version"] = "0"
+    with pytest.raises(ReplayDivergence, match="digest chain is broken at turn 0"):
+        twice_envs.replay(old)  # an edited version: the record's own digests[0] covers it
+    old["digests"] = rechained(old)  # a record made by version 0 of the env
     with pytest.raises(TwiceError, match="version 0"):
         twice_envs.replay(old)
 

@@ -233,3 +233,42 @@ def test_twin_records_still_replay_exactly():
     # a fork taken before the twin's branch turn keeps the twin's schedule and replays too
     early = coupled.fork(0)
     assert early.trajectory.noise == coupled.trajectory.noise and twice_envs.first_divergence(early.trajectory) is None
+
+
+def test_a_rewritten_question_does_not_replay_exactly(tmp_path):
+    """The task a reader sees is ``observations[0]``: its digest covers it, so an edit is found, with or
+    without the digests recomputed."""
+    record = searched(tmp_path, tmp_path / "j.sqlite")
+    data = record.to_json()
+    assert "Velora" not in data["observations"][0]
+    data["observations"][0] = data["observations"][0].replace("Question:", "Question: what is the capital of Velora?")
+    assert data["observations"][0] != record.observations[0]
+    with pytest.raises(twice_envs.ReplayDivergence, match=r"chain is broken at turn 0: .*observations\[0\]"):
+        Trajectory.from_json(data).check_chain()
+    with pytest.raises(twice_envs.ReplayDivergence, match=r"chain is broken at turn 0"):
+        twice_envs.replay(data, trusted=True)
+    assert twice_envs.first_divergence(data, trusted=True).turn == 0
+    # a forger who recomputes the whole chain is caught by the replayed env's own first observation
+    rechained = forged(Trajectory.from_json(data))
+    divergence = twice_envs.first_divergence(rechained, trusted=True)
+    assert divergence.turn == 0 and "reset observation differs" in str(divergence)
+
+
+def test_a_factual_record_given_a_branch_and_another_seed_shows_as_an_independent_twin():
+    from twice_envs.replay import noise_kind
+
+    env = twice_envs.make("SearchQA-v0")
+    env.reset(seed=5)
+    env.step(SEARCH)
+    record = Trajectory.from_json(env.trajectory.to_json())
+    assert noise_kind(record) == "factual"
+    data = record.to_json()
+    data["noise"]["episode_seed"] += 1
+    assert twice_envs.first_divergence(data).field == "noise.episode_seed"
+    data["noise"]["branches"] = {"0": 1}  # a fake branch: the record now claims to be a twin ...
+    assert twice_envs.first_divergence(data) is None
+    assert noise_kind(Trajectory.from_json(data)) == "independent twin"  # ... and is reported as one
+    data["noise"]["branches"] = {"5000": 1}  # a branch no episode of the env reaches is refused
+    assert twice_envs.first_divergence(data).field == "noise.branches"
+    data["noise"] = {**record.noise, "branches": {"0": 1}}
+    assert noise_kind(Trajectory.from_json(data)) == "coupled twin"

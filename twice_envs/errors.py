@@ -45,6 +45,32 @@ def _replay_divergence(turn: int, expected: str, got: str, detail: str, field: s
     return ReplayDivergence(turn, expected, got, detail, field=field)
 
 
+class BrokenChain(ReplayDivergence):
+    """A record's own digest chain does not follow from its fields: it was edited after it was written.
+
+    Found from the record alone, before any env runs (``Trajectory.check_chain``). ``turn`` is
+    the first digest its fields do not give; ``expected`` is the record's digest there and
+    ``got`` the one its fields give. Turn 0 is the reset: ``env_id``, ``env_version``,
+    ``kwargs``, ``seed``, ``options`` and ``observations[0]``.
+    """
+
+    def __init__(self, turn: int, expected: str, got: str, detail: str = "") -> None:
+        self.turn, self.expected, self.got, self.detail, self.field = turn, expected, got, detail, None
+        TwiceError.__init__(
+            self,
+            f"the record's digest chain is broken at turn {turn}: digests[{turn}] is {expected[:12]}..., while "
+            f"the record's {detail} give {got[:12]}...; the record was edited after it was written",
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.turn, self.expected, self.got, self.detail))
+
+
+class UncountedRecordsWarning(UserWarning):
+    """A record file without the header that counts its records (written before record files
+    carried one, or by hand): it is read, but a cut at a line boundary cannot be detected in it."""
+
+
 class MissingExtra(TwiceError, ImportError):
     """An optional dependency is not installed; the message names the extra."""
 
@@ -59,6 +85,23 @@ class MissingExtra(TwiceError, ImportError):
 
 class TrajectoryFormatError(TwiceError, ValueError):
     """A trajectory file or record is corrupt, foreign or from another env version."""
+
+
+class RecordCountError(TrajectoryFormatError):
+    """A record file holds another number of lines than its header counts: it was cut short (or
+    an append did not finish). Attributes: ``path``, ``expected`` (the header's count), ``found``."""
+
+    def __init__(self, path: object, expected: int, found: int) -> None:
+        self.path, self.expected, self.found = str(path), expected, found
+        if found < expected:
+            why = f"cut short: its header counts {expected} records, {found} found ({expected - found} missing)"
+        else:
+            why = (f"holds {found} records, more than the {expected} its header counts "
+                   "(an append that did not finish, or lines added by hand)")
+        super().__init__(f"{path}: {why}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.expected, self.found))
 
 
 class EnvClosedError(TwiceError, RuntimeError):

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
+import warnings
 from typing import Optional, Sequence, TextIO
+
+import twice_envs
+from twice_envs.errors import RecordCountError, ReplayDivergence, TrajectoryFormatError, UncountedRecordsWarning
+from twice_envs.replay import noise_kind
+from twice_envs.trajectory import iter_records, save_trajectories
 
 PLAY_HELP = """commands (anything else is sent to the env as an action):
   :fork N    continue from the state after N actions of this episode
@@ -69,9 +76,6 @@ def play_main(argv: Sequence[str], stdin: Optional[TextIO] = None, stdout: Optio
     args = parser.parse_args(argv)
     stdin = stdin or _tolerant(sys.stdin, "surrogateescape")
     out = stdout or _tolerant(sys.stdout, "backslashreplace")
-
-    import twice_envs
-    from twice_envs.trajectory import save_trajectories
 
     env = twice_envs.make(args.env, **_parse_kv(args.kwarg, "--kwarg"))
     options = _parse_kv(args.option, "--option")
@@ -165,48 +169,66 @@ def replay_main(argv: Sequence[str]) -> int:
                              "envs; without it such records are refused, since a replay would use those paths")
     args = parser.parse_args(argv)
 
-    import importlib
-
-    import twice_envs
-
     for m in args.imports:
         importlib.import_module(m)
-    from twice_envs.errors import ReplayDivergence, TrajectoryFormatError
-    from twice_envs.trajectory import iter_records
 
     bad = 0
     n = 0
-    for i, (where, record) in enumerate(iter_records(args.file), 1):
-        n += 1
-        if isinstance(record, TrajectoryFormatError):
-            bad += 1
-            print(f"episode {i}: UNREADABLE: {record}")
-            continue
-        head = f"episode {i} ({record.env_id}, seed {record.seed})"
-        try:
-            env = twice_envs.replay(record, trusted=args.trust_kwargs)
-        except ReplayDivergence as exc:
-            bad += 1
-            print(f"{head}: DIVERGED at turn {exc.turn}: {exc}")
-            if 0 < exc.turn <= record.num_turns:
-                print(f"  action:   {record.actions[exc.turn - 1]!r:.300}")
-                print(f"  recorded: {record.observations[exc.turn][:300]!r}")
-            continue
-        except Exception as exc:  # noqa: BLE001 -- one bad record (unknown env, bad kwargs) must not stop the rest
-            bad += 1
-            print(f"{head}: FAILED ({where}): {type(exc).__name__}: {str(exc)[:500]}")
-            continue
-        print(f"{head}: {record.num_turns} turns, reward {record.total_reward:g}: replays exactly")
-        if args.show:
-            traj = env.trajectory
-            print(traj.observations[0])
-            for a, o, r in zip(traj.actions, traj.observations[1:], traj.rewards):
-                print(f"> {a}\n{o}\n(reward {r:g})")
+    damaged = None
+    with warnings.catch_warnings(record=True) as notes:  # an uncounted (older) file is a note, not a failure
+        warnings.simplefilter("always", UncountedRecordsWarning)
+        for i, (where, record) in enumerate(iter_records(args.file), 1):
+            while notes:
+                print(f"note: {notes.pop(0).message}")
+            if isinstance(record, RecordCountError):
+                damaged = record
+                break
+            n += 1
+            if isinstance(record, TrajectoryFormatError):
+                bad += 1
+                print(f"episode {i}: UNREADABLE: {record}")
+                continue
+            head = f"episode {i} ({record.env_id}, seed {record.seed})"
+            try:
+                env = twice_envs.replay(record, trusted=args.trust_kwargs)
+            except ReplayDivergence as exc:
+                bad += 1
+                print(f"{head}: DIVERGED at turn {exc.turn}: {exc}")
+                if 0 < exc.turn <= record.num_turns:
+                    print(f"  action:   {record.actions[exc.turn - 1]!r:.300}")
+                    print(f"  recorded: {record.observations[exc.turn][:300]!r}")
+                continue
+            except Exception as exc:  # noqa: BLE001 -- one bad record (unknown env, bad kwargs) must not stop the rest
+                bad += 1
+                print(f"{head}: FAILED ({where}): {type(exc).__name__}: {str(exc)[:500]}")
+                continue
+            print(f"{head}: {record.num_turns} turns, reward {record.total_reward:g}: replays exactly"
+                  f"{_twin_note(record, noise_kind(record))}")
+            if args.show:
+                traj = env.trajectory
+                print(traj.observations[0])
+                for a, o, r in zip(traj.actions, traj.observations[1:], traj.rewards):
+                    print(f"> {a}\n{o}\n(reward {r:g})")
+        for note in notes:
+            print(f"note: {note.message}")
+    if damaged is not None:
+        print(f"FILE DAMAGED: {damaged}")
     if n == 0:
         print(f"{args.file}: no episodes")
         return 1
     print(f"{n - bad}/{n} episodes replay exactly")
-    return 1 if bad else 0
+    return 1 if bad or damaged else 0
+
+
+def _twin_note(record, kind: str) -> str:
+    """What ``twice replay`` adds for a twin's record (``kind`` from :func:`twice_envs.replay.noise_kind`):
+    its kind and, for an independent twin, that its noise seed is not its reset's and no replay checks it."""
+    if kind == "factual":
+        return ""
+    seed = record.noise["episode_seed"]
+    unchecked = ", not its reset's: a fresh seed no replay can check" if kind == "independent twin" else ""
+    article = "an" if kind[0] in "aeiou" else "a"
+    return f" ({article} {kind}: branches {record.noise['branches']}, noise seed {seed}{unchecked})"
 
 
 def check_main(argv: Sequence[str]) -> int:
@@ -217,8 +239,6 @@ def check_main(argv: Sequence[str]) -> int:
     parser.add_argument("--episodes", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args(argv)
-    import twice_envs
-
     report = twice_envs.check_env(
         twice_envs.make(args.env), seed=args.seed, num_episodes=args.episodes, num_steps=args.steps
     )

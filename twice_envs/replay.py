@@ -4,16 +4,22 @@ What a replay checks, field by field:
 
 * ``format``, the types of every field, the lengths of the lists and the noise block
   (:meth:`Trajectory.from_json`; a record built in code is checked the same way);
-* ``digests``: the record's own chain first, then every turn against the replayed env
+* ``digests``: the record's own chain first, recomputed from its fields before any env
+  runs (:meth:`Trajectory.check_chain`), then every turn against the replayed env
   (``env_id``, ``env_version``, ``kwargs``, ``seed``, ``options`` and the first
-  observation are in ``digests[0]``; each action, observation and reward in its turn's);
+  observation, the task a reader sees, are in ``digests[0]``; each action, observation
+  and reward in its turn's);
 * ``actions``: no more actions than the episode takes (none after it ended);
 * ``terminated`` and ``truncated`` (a whole-record replay): the replayed episode must
   end exactly as the record says;
 * ``noise``: a factual record (no ``branches``) must hold the ``episode_seed`` its reset
   gives (``options["noise_seed"]``, else the seed derived from ``seed``). A twin's record
-  lists its branch turns; its ``episode_seed`` is the factual one (a coupled twin) or a
-  fresh one (an independent twin), the agent's choice, so only its form is checked.
+  lists its branch turns, each inside the episode (before its end, and before the env's
+  ``max_turns``); its ``episode_seed`` is the factual one (a coupled twin) or a fresh one
+  (an independent twin), which came from the agent's run, not from the env, so no replay
+  can check it: :func:`noise_kind` tells the three kinds apart, and ``twice replay`` says
+  which each record is, so a factual record given a branch and another seed shows as an
+  independent twin.
 * ``meta`` is free-form data of the caller and is not checked.
 
 A mismatch raises :class:`ReplayDivergence` (its ``field`` names a field other than the
@@ -32,39 +38,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 from twice_envs.errors import ReplayDivergence, TrajectoryFormatError, TwiceError
-from twice_envs.keys import NoiseSchedule
+from twice_envs.keys import NoiseSchedule, derive_episode_seed
+from twice_envs.registry import make, registry
+from twice_envs.tools import read_only_journals
 from twice_envs.trajectory import Trajectory, reset_digest, step_digest
+from twice_envs.trust import PATH_NAMES, PATH_SUFFIXES, check_path_consent, path_kwargs  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     from twice_envs.core import TextEnv
-
-#: Kwarg names that name files or folders in any env.
-PATH_NAMES = ("journal", "corpus", "questions", "products", "data", "cache", "path", "dir", "root")
-#: Kwarg name endings that name files or folders in any env.
-PATH_SUFFIXES = ("_path", "_paths", "_dir", "_dirs", "_root", "_file", "_files", "_folder", "_journal", "_cache")
-
-
-def path_kwargs(env_id: str, kwargs: Mapping[str, Any]) -> list[str]:
-    """The kwargs of a record for ``env_id`` that name files or folders and need consent.
-
-    A kwarg needs consent when its name is a path name (:data:`PATH_NAMES`, an ending
-    in :data:`PATH_SUFFIXES`, or the env class's ``path_kwargs``), it is not ``None``,
-    and it differs from the value the env's registration gives it (a path the
-    installed code chose is not the record's choice).
-    """
-    from twice_envs.registry import entry_point, registry
-
-    spec = registry[env_id]
-    declared = tuple(getattr(entry_point(spec), "path_kwargs", ()))
-    defaults = spec.kwargs or {}
-    out = []
-    for name, value in kwargs.items():
-        if value is None or (name in defaults and defaults[name] == value):
-            continue
-        lowered = name.lower()
-        if name in declared or lowered in PATH_NAMES or lowered.endswith(PATH_SUFFIXES):
-            out.append(name)
-    return sorted(out)
 
 
 def _rebased(record: Trajectory, kwargs: dict) -> Trajectory:
@@ -113,9 +94,6 @@ def replay(
             ``trusted``. The replay then verifies that the record's observations and
             rewards come out again with these kwargs, and the env records them.
     """
-    from twice_envs.registry import make, registry
-    from twice_envs.tools import read_only_journals
-
     # A Trajectory built in code gets the same field checks as one read from a file.
     record = Trajectory.from_json(record.to_json() if isinstance(record, Trajectory) else record)
     record.check_chain()
@@ -126,16 +104,12 @@ def replay(
         )
     overrides = dict(overrides or {})
     kwargs = {**record.kwargs, **overrides}
-    if not trusted:
-        named = [k for k in path_kwargs(record.env_id, record.kwargs) if k not in overrides]
-        if named:
-            shown = ", ".join(f"{k}={record.kwargs[k]!r}" for k in named)
-            raise TwiceError(
-                f"the record names files or folders in its kwargs ({shown}); a replay would read and write "
-                "where the record says. If the record is yours, consent with replay(record, trusted=True) "
-                "(`twice replay --trust-kwargs`), or name the paths yourself with "
-                f"replay(record, overrides={{{', '.join(repr(k) + ': ...' for k in named)}}})."
-            )
+    check_path_consent(
+        record.env_id, record.kwargs, source="the record", trusted=trusted, exempt=overrides,
+        consent=lambda named: "If the record is yours, consent with replay(record, trusted=True) "
+        "(`twice replay --trust-kwargs`), or name the paths yourself with "
+        f"replay(record, overrides={{{', '.join(repr(k) + ': ...' for k in named)}}}).",
+    )
     if overrides:
         record = _rebased(record, kwargs)
     with read_only_journals():
@@ -159,7 +133,7 @@ def _replay_checked(env: TextEnv, record: Trajectory, n: int) -> None:
     traj = env.trajectory
     if traj.digests[0] != record.digests[0]:
         raise ReplayDivergence(0, record.digests[0], traj.digests[0], "reset observation differs")
-    _check_noise_seed(env.noise_schedule, record)
+    _check_noise_seed(env.noise_schedule, record, getattr(env, "max_turns", None))
     for t in range(n):
         if env.done:
             _ended_early(record, t)
@@ -188,10 +162,21 @@ def _ended_early(record: Trajectory, t: int) -> None:
     )
 
 
-def _check_noise_seed(factual: NoiseSchedule, record: Trajectory) -> None:
-    """A factual record (no branches) holds the noise seed its reset gave: ``factual``'s."""
-    if record.noise.get("branches"):
-        return  # a twin's record: its seed is the factual one or a fresh one, the agent's choice
+def _check_noise_seed(factual: NoiseSchedule, record: Trajectory, max_turns: Optional[int]) -> None:
+    """A factual record (no branches) holds the noise seed its reset gave: ``factual``'s. A twin's
+    branch turns come before the env's ``max_turns`` (a finished record's, before its end: checked
+    on loading)."""
+    branches = record.noise.get("branches") or {}
+    late = [t for t in branches if max_turns is not None and int(t) >= max_turns]
+    if late:
+        raise ReplayDivergence(
+            0, record.digests[0], record.digests[0],
+            f"the record's noise.branches names turn {late[0]}, past the end of any episode of this env "
+            f"(max_turns={max_turns}, so branch turns are 0..{max_turns - 1})",
+            field="noise.branches",
+        )
+    if branches:
+        return  # a twin's record: its seed is the factual one or a fresh one (see noise_kind)
     seed = record.noise["episode_seed"]
     if seed == factual.episode_seed:
         return
@@ -206,6 +191,17 @@ def _check_noise_seed(factual: NoiseSchedule, record: Trajectory) -> None:
         "holds the noise seed of its reset)",
         field="noise.episode_seed",
     )
+
+
+def noise_kind(record: Trajectory) -> str:
+    """What a record's noise block says it is: ``"factual"`` (no branches; a replay checks its
+    seed), ``"coupled twin"`` (branches, the seed of its reset) or ``"independent twin"``
+    (branches and another seed: a fresh one from the agent's run, which no replay can check)."""
+    if not record.noise.get("branches"):
+        return "factual"
+    given = record.options.get("noise_seed")
+    reset_seed = given if given is not None else derive_episode_seed(record.seed)
+    return "coupled twin" if record.noise["episode_seed"] == reset_seed else "independent twin"
 
 
 def first_divergence(record: Trajectory | dict, *, trusted: bool = False) -> Optional[ReplayDivergence]:

@@ -2,16 +2,21 @@
 
 A :class:`Trajectory` is plain, JSON-serialisable data: env id, env version and
 kwargs, the reset seed and options, the noise schedule, and per turn the action,
-observation and reward. ``digests[0]`` covers the reset; for ``t >= 1``::
+observation and reward. The digest chain::
 
-    digests[t] = sha256(digests[t-1], action_t, obs_t, reward_t)
+    digests[0] = sha256(format, env_id, env_version, kwargs, seed, options, observations[0])
+    digests[t] = sha256(digests[t-1], action_t, obs_t, reward_t)        (t >= 1)
 
-so two records with equal last digests went through identical turns. The
-``terminated``/``truncated`` flags and the noise block are not digested (a twin shares
-the factual episode's digests but not its noise); :func:`twice_envs.replay` checks them
-directly against the replayed episode, and :meth:`Trajectory.from_json` checks the form of
-every field (:func:`check_noise` for the noise block), naming the field. Files hold one
-record per line (JSON lines) and are written atomically.
+so two records with equal last digests went through identical turns.
+:meth:`Trajectory.check_chain` recomputes every digest, the reset's included, from the
+record's own fields, so an edited field (the task text in ``observations[0]`` too) is
+found without running the env. The ``terminated``/``truncated`` flags and the noise block
+are not digested (a twin shares the factual episode's digests but not its noise):
+:func:`twice_envs.replay` checks them directly against the replayed episode, and
+:meth:`Trajectory.from_json` checks the form of every field (:func:`check_noise` for the
+noise block; a branch turn must lie inside the episode), naming the field. Files hold a
+header counting their records, then one record per line (JSON lines), and are written
+atomically (:mod:`twice_envs.files`).
 
 Encoding: files are UTF-8. A record may hold any Python ``str``, including lone
 surrogates such as ``'\\udcff'`` (what decoding bad bytes with ``surrogateescape``
@@ -24,22 +29,30 @@ distinct strings never share a digest (``'\\ud83d\\ude00'`` and ``'😀'`` diffe
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import re
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import IO, Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
-from twice_envs.errors import TrajectoryFormatError
+from twice_envs.errors import BrokenChain, TrajectoryFormatError
+
+# Re-exported: writers and readers across the package import these from here.
+from twice_envs.files import (  # noqa: F401
+    ENCODING,
+    ERRORS,
+    atomic_file,
+    atomic_write_text,
+    created_mode,
+    iter_json_lines,
+    read_json_lines,
+    read_record_lines,
+    write_record_lines,
+)
 
 FORMAT = "twice_envs.trajectory/1"
-#: How record files are encoded and decoded (see the module docstring).
-ENCODING, ERRORS = "utf-8", "surrogatepass"
 #: An escaped UTF-16 surrogate in ASCII JSON: a non-BMP character or a surrogate code point.
 _ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
@@ -193,7 +206,9 @@ class Trajectory:
                 raise TrajectoryFormatError(f"{where}: rewards[{i}] must be a finite number, got {r!r:.40}")
         for name in ("terminated", "truncated"):
             if not isinstance(data.get(name, False), bool):
-                raise TrajectoryFormatError(f"{where}: field {name!r} must be true or false, got {json_kind(data[name])}")
+                raise TrajectoryFormatError(
+                    f"{where}: field {name!r} must be true or false, got {json_kind(data[name])}"
+                )
         check_noise(data["noise"], where)
         if not isinstance(data.get("meta") or {}, dict):
             raise TrajectoryFormatError(f"{where}: field 'meta' must be object, got {json_kind(data['meta'])}")
@@ -203,6 +218,8 @@ class Trajectory:
                 f"{where}: inconsistent lengths: {n} actions need {n + 1} observations, "
                 f"{n} rewards and {n + 1} digests"
             )
+        if data.get("terminated") or data.get("truncated"):
+            check_branch_turns(data["noise"], n, where)
         return cls(
             data["env_id"],
             data["env_version"],
@@ -220,13 +237,23 @@ class Trajectory:
         )
 
     def check_chain(self) -> None:
-        """Recompute the step digests from the record; raise if the record was edited."""
-        from twice_envs.errors import ReplayDivergence
+        """Recompute every digest from the record's own fields; raise :class:`BrokenChain` if one was edited.
 
+        ``digests[0]`` from ``env_id``, ``env_version``, ``kwargs``, ``seed``, ``options`` and
+        ``observations[0]``; each later digest from the one before and its turn's action,
+        observation and reward. The error names the first turn whose digest the fields do not give.
+        """
+        try:
+            d = reset_digest(self.env_id, self.env_version, self.kwargs, self.seed, self.options, self.observations[0])
+        except (TypeError, ValueError) as exc:  # kwargs or options that are not JSON data
+            raise TrajectoryFormatError(f"record: its reset cannot be digested ({exc})") from None
+        if d != self.digests[0]:
+            raise BrokenChain(0, self.digests[0], d, "env_id, env_version, kwargs, seed, options and observations[0]")
         for t in range(1, len(self.digests)):
             d = step_digest(self.digests[t - 1], self.actions[t - 1], self.observations[t], self.rewards[t - 1])
             if d != self.digests[t]:
-                raise ReplayDivergence(t, self.digests[t], d, "the record's own digest chain is broken")
+                raise BrokenChain(t, self.digests[t], d, f"digests[{t - 1}], actions[{t - 1}], observations[{t}] and "
+                                                         f"rewards[{t - 1}]")
 
 
 _JSON_NAMES = {str: "string", int: "integer", dict: "object", list: "array"}
@@ -266,12 +293,27 @@ def check_noise(noise: Any, where: str = "record") -> None:
     for turn, branch in branches.items():
         if not (isinstance(turn, str) and turn.isdigit() and turn.isascii() and str(int(turn)) == turn):
             raise TrajectoryFormatError(
-                f"{where}: field 'noise.branches' keys must be turns (decimal integers >= 0, e.g. \"3\"), got {turn!r:.40}"
+                f"{where}: field 'noise.branches' keys must be turns (decimal integers >= 0, e.g. \"3\"), "
+                f"got {turn!r:.40}"
             )
         if isinstance(branch, bool) or not isinstance(branch, int) or branch < 1:
             raise TrajectoryFormatError(
                 f"{where}: field 'noise.branches[\"{turn}\"]' must be a branch (an integer >= 1; "
                 f"0 is the factual noise and is not listed), got {json_kind(branch)} {branch!r:.40}"
+            )
+
+
+def check_branch_turns(noise: dict, end: int, where: str = "record") -> None:
+    """Every branch turn of ``noise`` lies inside an episode that ended after ``end`` actions.
+
+    Turn ``t`` is the noise of action ``t + 1``, so a finished episode's branch turns are
+    ``0..end-1``; a branch past them is refused (:class:`TrajectoryFormatError` naming it).
+    """
+    for turn in noise.get("branches", {}):
+        if int(turn) >= end:
+            raise TrajectoryFormatError(
+                f"{where}: field 'noise.branches[\"{turn}\"]' names turn {turn}, past the episode's end "
+                f"(it ended after {end} actions, so {f'its branch turns are 0..{end - 1}' if end else 'it has none'})"
             )
 
 
@@ -283,141 +325,26 @@ def json_kind(value: Any) -> str:
         return "a boolean"
     if isinstance(value, (int, float)):
         return "a number"
-    return {str: "a string", dict: "an object", list: "an array", tuple: "an array"}.get(type(value), type(value).__name__)
-
-
-def created_mode(directory: bool = False) -> int:
-    """The permission bits ``open`` or ``mkdir`` would give a new file (or folder) under the
-    process's umask: what a temporary file or folder (created private, 0o600 / 0o700) is given
-    before it is renamed into place."""
-    return (0o777 if directory else 0o666) & ~_umask()
-
-
-def _umask() -> int:
-    """The process's umask, read without changing it where the system reports it (Linux's
-    ``/proc/self/status``); elsewhere set and restored at once, which another thread creating a
-    file at that moment could see."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "w", **open_kwargs: Any) -> Iterator[IO]:
-    """A file to write whose contents replace ``path`` when the block ends without an error.
-
-    It is written under a temporary name in the same folder, synced and renamed into place, so
-    readers see the old file or the new one, never half; on an error the temporary file is
-    removed and ``path`` is left as it was. ``mode`` is ``"w"`` or ``"wb"``; ``open_kwargs`` go
-    to ``open`` (text files default to UTF-8).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if "b" not in mode:
-        open_kwargs.setdefault("encoding", "utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, mode, **open_kwargs) as fh:
-            # the file keeps the permissions of the one it replaces, else gets those of a new file
-            os.chmod(fh.fileno(), path.stat().st_mode & 0o7777 if path.exists() else created_mode())
-            yield fh
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_text(path: str | os.PathLike, text: str, errors: str = "strict") -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half.
-
-    ``errors`` is the UTF-8 error handler (record files use ``"surrogatepass"``).
-    """
-    with atomic_file(path, "w", errors=errors) as fh:
-        fh.write(text)
+    names = {str: "a string", dict: "an object", list: "an array", tuple: "an array"}
+    return names.get(type(value), type(value).__name__)
 
 
 def save_trajectories(path: str | os.PathLike, records: Iterable[Trajectory | dict]) -> None:
-    """Write records as JSON lines, atomically (any ``str`` round-trips; see the module docstring)."""
+    """Write records as a record file, atomically: a header counting them, then one JSON line each
+    (any ``str`` round-trips; see the module docstring and :mod:`twice_envs.files`)."""
     lines = []
     for r in records:
         data = r.to_json() if isinstance(r, Trajectory) else r
         lines.append(json.dumps(data, ensure_ascii=False, allow_nan=False))
-    atomic_write_text(path, "".join(line + "\n" for line in lines), errors=ERRORS)
-
-
-def read_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
-    """``("file:line", value or TrajectoryFormatError)`` per non-blank line; goes on past bad lines.
-
-    Lines are read one at a time. A file that cannot be read at all (missing, a folder,
-    no permission) raises :class:`TrajectoryFormatError`.
-    """
-    path = Path(path)
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        raise TrajectoryFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise TrajectoryFormatError(f"{path}: is a folder, not a trajectory file") from None
-    except OSError as exc:
-        raise TrajectoryFormatError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    with fh:
-        lineno = 0
-        while True:
-            try:
-                raw = fh.readline()
-            except IsADirectoryError:
-                raise TrajectoryFormatError(f"{path}: is a folder, not a trajectory file") from None
-            except OSError as exc:
-                raise TrajectoryFormatError(f"{path}:{lineno + 1}: cannot read ({exc.strerror or exc})") from None
-            if not raw:
-                return
-            lineno += 1
-            if raw.strip():
-                where = f"{path}:{lineno}"
-                yield where, _decode_line(raw, where)
-
-
-def _decode_line(raw: bytes, where: str) -> Any:
-    if b"\x00" in raw:
-        return TrajectoryFormatError(f"{where}: binary data (NUL bytes), not a JSON lines trajectory file")
-    try:
-        text = raw.decode(ENCODING, ERRORS)
-    except UnicodeDecodeError as exc:
-        return TrajectoryFormatError(
-            f"{where}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-            "trajectory files are UTF-8 JSON lines"
-        )
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        return TrajectoryFormatError(f"{where}: not valid JSON ({exc.msg}, column {exc.colno})")
-    except RecursionError:
-        return TrajectoryFormatError(f"{where}: JSON nested too deeply to be a trajectory")
-
-
-def iter_json_lines(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
-    """``("file:line", value)`` for each non-blank line of a JSON lines file; errors name the line."""
-    for where, data in read_json_lines(path):
-        if isinstance(data, TrajectoryFormatError):
-            raise data
-        yield where, data
+    write_record_lines(path, lines)
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, "Trajectory | TrajectoryFormatError"]]:
-    """``("file:line", record or TrajectoryFormatError)`` per line: a bad line does not stop the rest."""
-    for where, data in read_json_lines(path):
+    """``("file:line", record or TrajectoryFormatError)`` per line: a bad line does not stop the rest.
+
+    A file cut short (fewer records than its header counts) ends with ``(file, RecordCountError)``.
+    """
+    for where, data in read_record_lines(path):
         if isinstance(data, TrajectoryFormatError):
             yield where, data
             continue
@@ -428,11 +355,14 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[str, "Trajectory | T
 
 
 def iter_trajectories(path: str | os.PathLike) -> Iterator[Trajectory]:
-    """Read records from a JSON lines file; errors name the file and line."""
-    for where, data in iter_json_lines(path):
+    """Read records from a record file; errors name the file and line, or the file and both counts
+    (:class:`~twice_envs.errors.RecordCountError`) when it was cut short."""
+    for where, data in read_record_lines(path):
+        if isinstance(data, TrajectoryFormatError):
+            raise data
         yield Trajectory.from_json(data, where=where)
 
 
 def load_trajectories(path: str | os.PathLike) -> list[Trajectory]:
-    """All records of a JSON lines file."""
+    """All records of a record file."""
     return list(iter_trajectories(path))

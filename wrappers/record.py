@@ -10,7 +10,7 @@ from twice_envs.wrappers.base import ForkableWrapper
 
 
 class RecordEpisodes(ForkableWrapper):
-    """Write each finished episode to ``path`` (one trajectory per line).
+    """Write each finished episode to ``path`` (a record file: a header counting them, one trajectory per line).
 
     The file holds the episodes this wrapper recorded, rewritten atomically after each
     one ends, so a crash never leaves a half-written line. Read it back with

@@ -27,7 +27,7 @@ from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.agents.types import EpisodeRecord
 from twice_envs.errors import TrajectoryFormatError
 from twice_envs.play import parse_env_kwargs
-from twice_envs.trajectory import atomic_write_text, iter_json_lines
+from twice_envs.files import read_record_lines, write_record_lines
 
 
 def episode_line(ep: EpisodeRecord) -> dict:
@@ -42,16 +42,19 @@ def episode_line(ep: EpisodeRecord) -> dict:
 
 
 def save_episodes(path: str | Path, episodes: Sequence[EpisodeRecord]) -> None:
-    """Write episodes as JSON lines (atomically), replayable with ``twice replay``."""
-    lines = [json.dumps(episode_line(ep), ensure_ascii=False, allow_nan=False) for ep in episodes]
-    atomic_write_text(path, "".join(line + "\n" for line in lines))
+    """Write episodes as a record file (atomically: a header counting them, then one JSON line each),
+    replayable with ``twice replay``."""
+    write_record_lines(path, [json.dumps(episode_line(ep), ensure_ascii=False, allow_nan=False) for ep in episodes])
 
 
 def load_episodes(path: str | Path) -> list[EpisodeRecord]:
-    """Read episodes written by :func:`save_episodes`."""
+    """Read episodes written by :func:`save_episodes`; a file cut short raises
+    :class:`~twice_envs.errors.RecordCountError` naming it and both counts."""
 
     out = []
-    for where, data in iter_json_lines(path):
+    for where, data in read_record_lines(path):
+        if isinstance(data, TrajectoryFormatError):
+            raise data
         try:
             agent = dict(data.pop("episode"))
         except (AttributeError, KeyError, TypeError) as exc:

@@ -24,13 +24,15 @@ from __future__ import annotations
 import csv
 import json
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.agents.records import AUDIT_EPISODES, LAB_EPISODES, ORACLE, RUN_EPISODES
-from twice_envs.errors import TrajectoryFormatError
+from twice_envs.errors import TrajectoryFormatError, UncountedRecordsWarning
+from twice_envs.files import read_record_lines
 from twice_envs.keys import NoiseKey
 from twice_envs.trajectory import FORMAT, Trajectory, read_json_lines
 
@@ -172,19 +174,27 @@ def _check_episode(ep: EpisodeRecord) -> None:
 
 
 def read_records(path: Path, problems: list) -> list[_Entry]:
-    """Every readable record of a JSON lines file; each damaged line is named in ``problems``."""
+    """Every readable record of a record file; each damaged line is named in ``problems``, and so are
+    a file cut short (its header's count against the lines found) and a file with no count."""
     out = []
-    try:
-        for where, data in read_json_lines(path):
-            if isinstance(data, TrajectoryFormatError):
-                problems.append(str(data))
-                continue
-            try:
-                out.append(_read_record(where, data))
-            except TrajectoryFormatError as exc:
-                problems.append(str(exc))
-    except TrajectoryFormatError as exc:
-        problems.append(str(exc))
+    with warnings.catch_warnings(record=True) as notes:
+        warnings.simplefilter("always", UncountedRecordsWarning)
+        try:
+            for where, data in read_record_lines(path):
+                if isinstance(data, TrajectoryFormatError):
+                    problems.append(str(data))
+                    continue
+                try:
+                    out.append(_read_record(where, data))
+                except TrajectoryFormatError as exc:
+                    problems.append(str(exc))
+        except TrajectoryFormatError as exc:
+            problems.append(str(exc))
+    for n in notes:
+        if issubclass(n.category, UncountedRecordsWarning):
+            problems.append(str(n.message))
+        else:
+            warnings.warn_explicit(n.message, n.category, n.filename, n.lineno)
     return out
 
 

@@ -294,6 +294,31 @@ def test_load_episodes_names_the_bad_line(tmp_path):
         load_episodes(path)
 
 
+def test_a_rollout_file_cut_at_a_line_boundary_is_named(tmp_path, capsys):
+    from tests import toy_envs  # noqa: F401  (registers CoinChain-v0)
+    from tests.agents.view._pairs import lone_episode
+    from twice_envs.agents.cli.rollout import save_episodes
+    from twice_envs.errors import RecordCountError
+
+    episodes = []
+    for seed in range(3):
+        env = twice_envs.make("CoinChain-v0", max_turns=2)
+        env.reset(seed=seed)
+        env.step("look")
+        env.step("look")
+        episodes.append(lone_episode())
+        episodes[-1].trajectory = env.trajectory.to_json()
+    path = tmp_path / "eps.jsonl"
+    save_episodes(path, episodes)
+    assert [e.trajectory["seed"] for e in load_episodes(path)] == [0, 1, 2]
+    assert replay_main([str(path)]) == 0
+    path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:-1]))
+    with pytest.raises(RecordCountError, match=r"eps\.jsonl: cut short: its header counts 3 records, 2 found"):
+        load_episodes(path)
+    assert replay_main([str(path)]) == 1
+    assert "FILE DAMAGED" in capsys.readouterr().out
+
+
 def test_sft_sequences_can_end_each_turn_with_a_scored_eos():
     from twice_envs.agents.models.sft import sft_sequences
 

@@ -109,6 +109,20 @@ def test_planted_markup_renders_as_text_and_never_runs(browser, tmp_path):
     assert browser.requests() == [page.resolve().as_uri()]
 
 
+def test_only_the_pages_own_script_runs_even_one_written_into_the_file(browser, tmp_path):
+    factual, twin = resync_pair()
+    page = write_explorer(write_records(tmp_path / "p.jsonl", [factual], [twin]))
+    text = page.read_text(encoding="utf-8")
+    # what an editor of the page file (or a flaw in the escaping) could add: inline scripts and a handler
+    planted = ('<script>window.__planted = 1</script><img src="data:," onerror="window.__planted = 2">'
+               '<svg onload="window.__planted = 3"></svg>')
+    page.write_text(text.replace("<body>", "<body>" + planted, 1), encoding="utf-8")
+    _open(browser, page)  # the page's own script still runs: it sets data-ready
+    browser.pump(0.3)
+    assert browser.evaluate("typeof window.__planted") == "undefined"
+    assert browser.evaluate("document.querySelectorAll('table.list tbody tr').length") == 1
+
+
 def test_the_page_makes_no_network_requests(browser, tmp_path):
     factual, twin = resync_pair()
     run = tmp_path / "run"
@@ -166,7 +180,8 @@ def test_a_damaged_file_is_named_and_the_rest_renders(browser, tmp_path):
     path = write_records(tmp_path / "bad.jsonl", [factual, lone_episode()], [twin], damaged_lines())
     _open(browser, write_explorer(path))
     problems = browser.evaluate("Array.from(document.querySelectorAll('.problems li')).map(l => l.textContent)")
-    assert [p.split(": ")[0] for p in problems] == [f"{path}:4", f"{path}:5", f"{path}:6"]
+    # line 1 is the header counting the records
+    assert [p.split(": ")[0] for p in problems] == [f"{path}:5", f"{path}:6", f"{path}:7"]
     assert browser.evaluate("document.querySelectorAll('table.list tbody tr').length") == 2
     assert _errors(browser) == []
 

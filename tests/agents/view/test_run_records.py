@@ -14,7 +14,10 @@ from ..train_helpers import one_torch_thread, small_policy, toy_config  # noqa: 
 
 
 def _lines(run):
-    return [json.loads(x) for x in (run / RUN_EPISODES).read_text().splitlines()]
+    """The records of a run's episode file, checked against the header that counts them (its first line)."""
+    head, *lines = (run / RUN_EPISODES).read_text().splitlines()
+    assert json.loads(head) == {"format": "twice_envs.records/1", "records": len(lines)}
+    return [json.loads(x) for x in lines]
 
 
 def test_a_twice_run_records_tokens_keys_credit_coins_and_twins(tmp_path):

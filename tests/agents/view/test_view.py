@@ -59,8 +59,11 @@ def test_a_damaged_file_names_file_and_line_and_the_rest_is_read(tmp_path):
         fh.write(b"\xff\xfe not utf-8\n")
     x = load(path)
     assert len(x.rows) == 1 and len(x.details[0]["twins"]) == 1
-    lines = sorted(int(re.search(r":(\d+):", p).group(1)) for p in x.problems)
-    assert lines == [3, 4, 5, 6], x.problems
+    *damaged, count = x.problems
+    lines = sorted(int(re.search(r":(\d+):", p).group(1)) for p in damaged)
+    assert lines == [4, 5, 6, 7], x.problems  # line 1 is the header counting the records
+    assert count == f"{path}: holds 6 records, more than the 5 its header counts " \
+                    "(an append that did not finish, or lines added by hand)"
     assert all(p.startswith(str(path)) for p in x.problems)
     page = render(x)
     assert _index(page)["problems"] == x.problems
@@ -115,7 +118,9 @@ def test_records_keep_their_batch_and_index_and_replay(tmp_path):
     records.append_lines(path, records.batch_lines([factual], [twin], batch=1))
     records.append_lines(path, records.batch_lines([factual], batch=2))
     records.keep_batches(path, 1)
-    assert [json.loads(x)["batch"] for x in path.read_text().splitlines()] == [1, 1]
+    head, *kept = path.read_text().splitlines()
+    assert json.loads(head) == {"format": "twice_envs.records/1", "records": 2}  # recounted
+    assert [json.loads(x)["batch"] for x in kept] == [1, 1]
 
 
 def test_nan_credit_is_written_as_null(tmp_path):
@@ -224,3 +229,31 @@ def test_serve_binds_to_localhost_only(tmp_path, monkeypatch):
     path = write_records(tmp_path / "eps.jsonl", [factual])
     assert view_main([str(path), "--serve", "--port", "0"]) == 0
     assert seen["address"] == ("127.0.0.1", 0)
+
+
+def test_the_policy_lets_only_the_pages_own_script_run(tmp_path):
+    import base64
+    import hashlib
+
+    page = render(load(write_records(tmp_path / "p.jsonl", [lone_episode()], [])))
+    csp = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', page).group(1)
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)  # executable: those without a data type
+    assert len(scripts) == 1
+    digest = base64.b64encode(hashlib.sha256(scripts[0].encode("utf-8")).digest()).decode()
+    script_src = next(d for d in csp.split(";") if d.strip().startswith("script-src")).split()[1:]
+    assert script_src == [f"'sha256-{digest}'"]
+    assert "'unsafe-inline'" not in script_src and "default-src 'none'" in csp
+
+
+def test_an_env_id_that_names_a_module_is_shown_never_imported(tmp_path, monkeypatch):
+    import sys
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "planted_view_mod.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(code))
+    episode = lone_episode()
+    episode.env_id = "planted_view_mod:Planted-v0"
+    page = write_explorer(write_records(tmp_path / "p.jsonl", [episode]))
+    assert "planted_view_mod:Planted-v0" in page.read_text(encoding="utf-8")
+    assert not (tmp_path / "imported").exists() and "planted_view_mod" not in sys.modules
