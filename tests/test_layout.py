@@ -147,15 +147,15 @@ def test_a_layout_that_hangs_is_reported_after_the_timeout(broken_ids):
 
 
 def test_different_noise_draws_are_found(monkeypatch):
-    from twice_envs import noise
+    from twice_envs import layout
 
-    original = noise.philox_words_np
+    original = layout.philox_words_np
 
     def skewed(rows, vocab_size, token_ids=None):
         words = original(rows, vocab_size, token_ids)
         return words if threading.current_thread() is threading.main_thread() else words ^ np.uint32(1)
 
-    monkeypatch.setattr(noise, "philox_words_np", skewed)
+    monkeypatch.setattr(layout, "philox_words_np", skewed)
     with pytest.raises(LayoutMismatch, match="drew different keyed noise in episode 0") as err:
         twice_envs.check_layout("CreditToy-v0", layouts=("thread",), noise=NoiseProbe(branches=1, lines=1, positions=2))
     assert err.value.turn == 0
@@ -209,3 +209,32 @@ def test_drawn_actions_are_deterministic_and_use_the_protocol():
     # the words come from the end of the observation (the question)
     question = env.trajectory.observations[0][-600:].lower()
     assert all(w in question for a in filled for w in a.split()[1:-1])
+
+
+# --------------------------------------------------------------------------- a script without the __main__ guard
+
+
+SCRIPT = """import twice_envs
+
+def main():
+    twice_envs.check_layout("CreditToy-v0", layouts=("spawn",), workers=1, episodes=1, num_steps=1, timeout_s=60)
+    print("same in every layout")
+
+{tail}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_script_without_the_main_guard_is_told_why_its_spawned_worker_died(tmp_path, guarded):
+    import subprocess
+    import sys
+
+    script = tmp_path / "layout_script.py"
+    script.write_text(SCRIPT.format(tail='if __name__ == "__main__":\n    main()' if guarded else "main()"))
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    if guarded:
+        assert done.returncode == 0 and "same in every layout" in done.stdout, done.stderr[-2000:]
+        return
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0 and last.startswith("twice_envs.layout.LayoutMismatch: check_layout(CreditToy-v0)")
+    assert f'{script} has no `if __name__ == "__main__":` guard' in last and "'spawn' imports the main script" in last

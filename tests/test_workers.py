@@ -1,13 +1,22 @@
 """preload_forkserver: workers forked by the server find the env's resources loaded."""
 
+import json
 import multiprocessing
+import os
 import sys
 
 import pytest
 
 import twice_envs
 from twice_envs.errors import TwiceError
-from twice_envs.workers import ENV_VAR, forkserver_running, load_in_server, preload_forkserver, stop_forkserver
+from twice_envs.workers import (
+    ENV_VAR,
+    HOOK_MODULE,
+    forkserver_running,
+    load_in_server,
+    preload_forkserver,
+    stop_forkserver,
+)
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the forkserver start method is Linux-only here")
 
@@ -76,7 +85,7 @@ def test_a_plain_forkserver_worker_loads_the_env_itself(fresh_server):
 
 
 def test_preload_refuses_bad_specs(fresh_server):
-    with pytest.raises(TwiceError, match="'Nope-v0', which is not a registered env id"):
+    with pytest.raises(TwiceError, match="spec 0: env id 'Nope-v0' is not registered"):
         preload_forkserver(["Nope-v0"])
     with pytest.raises(TwiceError, match=r"kwargs of spec 0 \(SearchQA-v0\) must be JSON values"):
         preload_forkserver([("SearchQA-v0", {"corpus": object()})])
@@ -115,3 +124,63 @@ def test_an_async_vector_env_forks_its_workers_from_the_preloaded_server(fresh_s
     assert forkserver_running()  # the workers came from the server
     for seed, o in zip((1, 2), obs):
         assert o == twice_envs.make("SearchQA-v0").reset(seed=seed)[0]
+
+
+@pytest.fixture
+def planted(tmp_path, monkeypatch):
+    """A module on the path that leaves a file behind if anything imports it."""
+    marker = tmp_path / "imported"
+    (tmp_path / "planted_preload_mod.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield marker
+    sys.modules.pop("planted_preload_mod", None)
+
+
+def test_preload_looks_ids_up_without_importing_their_module(fresh_server, planted):
+    with pytest.raises(TwiceError, match=r"spec 0: env id 'planted_preload_mod:Planted-v0' names a module"):
+        preload_forkserver(["planted_preload_mod:Planted-v0"])
+    preload_forkserver(["planted_preload_mod:SearchQA-v0"])  # a registered name: its module is ignored
+    assert json.loads(os.environ[ENV_VAR]) == {"envs": [["SearchQA-v0", {}]]}
+    assert not planted.exists() and "planted_preload_mod" not in sys.modules
+
+
+#: Values of the variable of every wrong shape: not JSON, other JSON types, a wrong ``envs``,
+#: entries of wrong shapes, ids that are not registered or name a module, bad kwargs, deep nesting.
+MALFORMED = [
+    "{not json", "\x00\xff", "5", "null", "[]", '"SearchQA-v0"', '["SearchQA-v0"]', "{}", '{"envs": 5}',
+    '{"envs": null}', '{"envs": "SearchQA-v0"}', '{"envs": {"SearchQA-v0": {}}}', '{"envs": [5]}',
+    '{"envs": [null]}', '{"envs": [[]]}', '{"envs": [["SearchQA-v0"]]}', '{"envs": [["SearchQA-v0", {}, 3]]}',
+    '{"envs": [[5, {}]]}', '{"envs": [["SearchQA-v0", 5]]}', '{"envs": [["SearchQA-v0", [1, 2]]]}',
+    '{"envs": [{"id": "SearchQA-v0"}]}', '{"envs": [["Nope-v0", {}]]}', '{"envs": ["planted_preload_mod:Nope-v0"]}',
+    '{"envs": [["planted_preload_mod:Planted-v0", {}]]}', '{"envs": [["SearchQA-v0", {"no_such_kwarg": 1}]]}',
+    '{"envs": [["SearchQA-v0", {"topk": {"a": [[[]]]}}]]}', "[" * 100_000, '{"envs": ' + "[" * 100_000,
+    '{"envs": [["SearchQA-v0", ' + "{" * 50_000 + "}" * 50_000 + "]]}",
+]
+
+
+@pytest.mark.parametrize("value", MALFORMED)
+def test_the_hook_never_raises_and_reports_a_malformed_value(value, planted, capsys):
+    done = load_in_server({ENV_VAR: value}, freeze=False)
+    faults = [what for what, error in done if error is not None]
+    assert faults, done
+    assert f"the forkserver could not preload {faults[0]}" in capsys.readouterr().err
+    assert not planted.exists() and "planted_preload_mod" not in sys.modules
+
+
+def test_a_wrong_shaped_entry_does_not_stop_the_valid_ones(capsys):
+    value = '{"envs": [["planted_preload_mod:X-v0", {}], 5, ["SearchQA-v0", {}]]}'
+    done = load_in_server({ENV_VAR: value}, freeze=False)
+    assert done[-1] == ("SearchQA-v0", None)
+    assert [what for what, _ in done[:2]] == [f"${ENV_VAR} entry 0", f"${ENV_VAR} entry 1"]
+    assert "names a module" in done[0][1]
+
+
+def test_a_pool_still_works_after_a_bad_value(fresh_server, capfd):
+    import os
+
+    os.environ[ENV_VAR] = '{"envs": 5}'
+    multiprocessing.set_forkserver_preload(["twice_envs", HOOK_MODULE])
+    (r,) = _run(1)
+    env = twice_envs.make("SearchQA-v0")
+    assert r["obs"] == env.reset(seed=3)[0] and r["cached_before"] == 0
+    assert f"${ENV_VAR} is not valid" in capfd.readouterr().err  # the server's own stderr

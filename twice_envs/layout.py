@@ -56,7 +56,8 @@ know the id (a spawned one, for an id registered at run time) registers it from 
 spec's entry point, which must then be importable by name (a ``"module:Class"`` string,
 or a class defined at the top level of a module). A script that calls
 :func:`check_layout` needs the usual ``if __name__ == "__main__":`` guard (``spawn``
-imports the main module again).
+imports the main module again); without it the spawned workers die at start, and the
+:class:`LayoutMismatch` names the script and says so.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ import atexit
 import concurrent.futures as cf
 import hashlib
 import multiprocessing
+import pickle
 import re
 import threading
 import time
@@ -75,9 +77,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
+from twice_envs._main_guard import missing_main_guard
 from twice_envs.check import BAD_ACTIONS, CheckFailure
 from twice_envs.errors import TwiceError
 from twice_envs.keys import NoiseKey, check_seed
+from twice_envs.noise import gumbel_np, key_rows, keyed_sample_np, philox_words_np
+from twice_envs.registry import make, register, registry, resolve_id
 
 __all__ = [
     "LAYOUTS",
@@ -288,8 +293,6 @@ class _Outcome:
 
 
 def _new_env(job: _Job) -> Any:
-    from twice_envs.registry import make, register, registry
-
     if job.env_id not in registry and job.spec is not None:
         entry_point, spec_kwargs, max_episode_steps = job.spec
         register(job.env_id, entry_point, kwargs=spec_kwargs, max_episode_steps=max_episode_steps, override=True)
@@ -298,10 +301,6 @@ def _new_env(job: _Job) -> Any:
 
 def _shippable_spec(env_id: str) -> Optional[tuple]:
     """The spec of ``env_id`` as :class:`_Job` carries it, or ``None`` if its entry point cannot be pickled."""
-    import pickle
-
-    from twice_envs.registry import registry
-
     spec = registry.get(env_id)
     if spec is None:
         return None
@@ -315,8 +314,6 @@ def _shippable_spec(env_id: str) -> Optional[tuple]:
 
 def _noise_draws(keys: Sequence[NoiseKey], probe: NoiseProbe) -> list:
     """Per turn: ``[key base, sha256 of the words, Gumbel noise and keyed argmax drawn over the probe grid]``."""
-    from twice_envs.noise import gumbel_np, key_rows, keyed_sample_np, philox_words_np
-
     logits = np.cos(np.arange(probe.vocab_size, dtype=np.float64) * 0.7) * 3.0
     out = []
     for base in keys:
@@ -616,8 +613,6 @@ def check_layout(
         LayoutMismatch: a layout gave a different record (or noise) for some episode, or
             raised; the message names the env, the layout, the episode and the turn.
     """
-    from twice_envs.registry import make, resolve_id
-
     env_id = resolve_id(env_id)
     kwargs = dict(kwargs or {})
     seed = check_seed(seed)
@@ -698,8 +693,10 @@ def check_layout(
                 layout=layout,
             ) from exc
         except Exception as exc:  # a pool that broke (a worker died) or could not start
+            hint = missing_main_guard(layout) if isinstance(exc, cf.process.BrokenProcessPool) else None
             raise LayoutMismatch(
-                f"check_layout({env_id}): layout {layout!r} ({workers} workers) failed: {type(exc).__name__}: {exc}",
+                f"check_layout({env_id}): layout {layout!r} ({workers} workers) failed: {type(exc).__name__}: "
+                + (f"{str(exc).rstrip('.')}; {hint}" if hint else str(exc)),
                 env_id=env_id,
                 layout=layout,
             ) from exc

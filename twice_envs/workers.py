@@ -34,7 +34,13 @@ Choices:
   specs, or raises with ``restart=False``.
 * An env that cannot be made in the server (a missing file, say) does not stop the
   server: it writes one line naming the env and the error to stderr, and each worker
-  then makes that env itself (and meets the same error where it matters).
+  then makes that env itself (and meets the same error where it matters). Nor does a
+  variable that is not JSON or not of this shape: the hook never raises, and reports
+  each fault on stderr.
+* Ids are looked up in the registry only, here and in the server
+  (:func:`twice_envs.trust.registered_id`): the module of a ``"module:Env-v0"`` id is never
+  imported, so an id that is not registered is refused before anything is imported. Modules
+  the server must import (one that registers an id at run time) go in ``modules``.
 * Only ``forkserver`` uses this. ``fork`` shares whatever the parent process has loaded
   (make the env in the parent before forking); ``spawn`` and Ray actors start fresh
   interpreters, which share only the mapped files.
@@ -52,6 +58,8 @@ from multiprocessing import forkserver
 from typing import Any
 
 from twice_envs.errors import TwiceError
+from twice_envs.registry import make
+from twice_envs.trust import registered_id
 
 #: The environment variable that carries the specs to the forkserver (JSON).
 ENV_VAR = "TWICE_FORKSERVER_PRELOAD"
@@ -62,8 +70,6 @@ __all__ = ["ENV_VAR", "HOOK_MODULE", "forkserver_pid", "forkserver_running", "pr
 
 
 def _specs(specs: Iterable[Any]) -> list:
-    from twice_envs.registry import registry, resolve_id
-
     out = []
     for i, item in enumerate(specs):
         if isinstance(item, str):
@@ -74,14 +80,13 @@ def _specs(specs: Iterable[Any]) -> list:
             env_id, kwargs = None, None
         if not isinstance(env_id, str) or not isinstance(kwargs, dict):
             raise TwiceError(f"preload_forkserver: spec {i} must be an env id or (env id, kwargs dict), got {item!r}")
-        if resolve_id(env_id) not in registry:
-            raise TwiceError(f"preload_forkserver: spec {i} names {env_id!r}, which is not a registered env id")
+        key = registered_id(env_id, f"preload_forkserver: spec {i}")  # looked up, never imported
         try:
             json.dumps(kwargs, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TwiceError(f"preload_forkserver: the kwargs of spec {i} ({env_id}) must be JSON values "
                              f"(they travel to the forkserver in ${ENV_VAR}): {exc}") from None
-        out.append([env_id, kwargs])
+        out.append([key, kwargs])
     return out
 
 
@@ -118,9 +123,10 @@ def preload_forkserver(specs: Sequence[Any], *, modules: Sequence[str] = (), res
         restart: stop a forkserver that is already running, so that the next one reads
             these specs; with ``False`` a running server raises :class:`TwiceError`.
 
-    Raises :class:`TwiceError` for an unknown id, a malformed spec or kwargs that are not
-    JSON. Also sets multiprocessing's forkserver preload list (``set_forkserver_preload``)
-    to ``modules`` followed by the hook that makes the envs.
+    Raises :class:`TwiceError` for an id that is not registered (the module of a
+    ``"module:Env-v0"`` id is never imported: import it yourself and name it in ``modules``), a
+    malformed spec or kwargs that are not JSON. Also sets multiprocessing's forkserver preload
+    list (``set_forkserver_preload``) to ``modules`` followed by the hook that makes the envs.
     """
     encoded = json.dumps({"envs": _specs(specs)}, allow_nan=False)
     modules = [str(m) for m in modules]
@@ -136,34 +142,73 @@ def preload_forkserver(specs: Sequence[Any], *, modules: Sequence[str] = (), res
 def load_in_server(environ: dict | None = None, freeze: bool = True) -> list:
     """Run in the forkserver by :data:`HOOK_MODULE`: make, reset and close each env named in
     ``$TWICE_FORKSERVER_PRELOAD`` (its shared resources stay cached), collect garbage and
-    ``gc.freeze()`` (unless ``freeze=False``). Returns ``[(env_id, error or None), ...]``; an error is also written
-    to stderr, and never raised (the server must keep running)."""
-    environ = os.environ if environ is None else environ
-    raw = environ.get(ENV_VAR)
-    done: list = []
-    if raw:
-        try:
-            specs = json.loads(raw)["envs"]
-        except (ValueError, KeyError, TypeError) as exc:
-            specs = []
-            done.append((None, f"${ENV_VAR} is not valid ({exc})"))
-        import twice_envs
+    ``gc.freeze()`` (unless ``freeze=False``).
 
-        for env_id, kwargs in specs:
+    Never raises, whatever the variable holds (the server must keep running): a value that is
+    not ``{"envs": [[env_id, kwargs], ...]}`` (entries may also be bare ids), an entry of
+    another shape, an id that is not registered (looked up in the registry only: the module
+    of a ``"module:Env-v0"`` id is never imported) or an env that cannot be made is
+    reported on stderr, one line each, and skipped.
+
+    Returns ``[(what, error or None), ...]``: ``what`` is the env id, or where in the variable
+    the fault lies when there is no usable id.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        done = _preload(environ.get(ENV_VAR))
+    except Exception as exc:  # noqa: BLE001 - nothing in the variable may stop the server
+        done = [(f"${ENV_VAR}", f"{type(exc).__name__}: {exc}")]
+    for what, error in done:
+        if error is not None:
             try:
-                env = twice_envs.make(env_id, **kwargs)
-                try:
-                    env.reset(seed=0)
-                finally:
-                    env.close()
-                done.append((env_id, None))
-            except Exception as exc:  # noqa: BLE001 - reported, and each worker makes it itself
-                done.append((env_id, f"{type(exc).__name__}: {exc}"))
-        for env_id, error in done:
-            if error is not None:
-                print(f"twice_envs: the forkserver could not preload {env_id or 'its envs'}: {error}; "
-                      "each worker makes it itself", file=sys.stderr, flush=True)
+                print(f"twice_envs: the forkserver could not preload {what}: {error}; each worker makes its "
+                      "envs itself", file=sys.stderr, flush=True)
+            except Exception:  # noqa: BLE001,S110 - a closed stderr must not stop the server either
+                pass
     gc.collect()
     if freeze:
         gc.freeze()  # the collector no longer writes to these objects, so forked workers share their pages
     return done
+
+
+def _preload(raw: Any) -> list:
+    """Check every entry of the variable's value ``raw`` first (nothing is made before all are
+    checked), then make each env that passed; returns :func:`load_in_server`'s list."""
+    if not raw:
+        return []
+    shape = 'expected {"envs": [[env id, kwargs], ...]}'
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return [(f"${ENV_VAR}", f"${ENV_VAR} is not valid JSON ({type(exc).__name__}: {exc}); {shape}")]
+    envs = data.get("envs") if isinstance(data, dict) else None
+    if not isinstance(envs, list):
+        found = f"a {type(data).__name__}" if not isinstance(data, dict) else f"envs = {envs!r:.80}"
+        return [(f"${ENV_VAR}", f"${ENV_VAR} is not valid ({shape}, found {found})")]
+    done: list = []
+    todo = []
+    for i, item in enumerate(envs):
+        where = f"${ENV_VAR} entry {i}"
+        env_id, kwargs = (item, {}) if isinstance(item, str) else (item if _is_pair(item) else (None, None))
+        if not isinstance(kwargs, dict):
+            done.append((where, f"expected an env id or [env id, kwargs object], found {item!r:.120}"))
+            continue
+        try:
+            todo.append((registered_id(env_id, where), kwargs))
+        except TwiceError as exc:
+            done.append((where, str(exc)))
+    for env_id, kwargs in todo:
+        try:
+            env = make(env_id, **kwargs)
+            try:
+                env.reset(seed=0)
+            finally:
+                env.close()
+            done.append((env_id, None))
+        except Exception as exc:  # noqa: BLE001 - reported, and each worker makes it itself
+            done.append((env_id, f"{type(exc).__name__}: {exc}"))
+    return done
+
+
+def _is_pair(item: Any) -> bool:
+    return isinstance(item, list) and len(item) == 2

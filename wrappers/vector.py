@@ -46,7 +46,10 @@ pickle live envs out of the workers).
 
 **Processes.** ``"async"`` runs one worker process per sub-env. ``close()`` stops
 them within ``close_timeout`` seconds (terminating a stuck one); closing twice is a
-no-op, and using a closed vector env raises ``ClosedEnvironmentError``.
+no-op, and using a closed vector env raises ``ClosedEnvironmentError``. A script that makes
+a ``"spawn"`` or ``"forkserver"`` vector env needs the ``if __name__ == "__main__":`` guard
+(each worker imports the main script again); without it the workers die at start, and the
+:class:`~twice_envs.errors.TwiceError` raised names the script and says so.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from gymnasium.error import ClosedEnvironmentError
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv
 from gymnasium.vector.async_vector_env import AsyncState
 
+from twice_envs._main_guard import missing_main_guard
 from twice_envs.core import Protocol, TextEnv, check_turn
 from twice_envs.errors import TwiceError
 from twice_envs.keys import check_seed, derive_episode_seed, draw_seed
@@ -316,7 +320,22 @@ class TextAsyncVectorEnv(_TextVectorMixin, AsyncVectorEnv):
         self.close_timeout = float(close_timeout)
         self._protocol: Optional[Protocol] = None
         # Text observations cannot live in shared memory; they travel through the pipes.
-        super().__init__(env_fns, shared_memory=False, copy=True, context=context, autoreset_mode=autoreset_mode)
+        try:
+            super().__init__(env_fns, shared_memory=False, copy=True, context=context, autoreset_mode=autoreset_mode)
+        except (EOFError, ConnectionError) as exc:  # a worker died before it answered
+            hint = missing_main_guard(context)
+            if hint is None:
+                raise
+            self._stop_after_failed_start()
+            raise TwiceError(f"the async vector env of {env_id} could not start its workers "
+                             f"({type(exc).__name__}: {exc}); {hint}") from exc
+
+    def _stop_after_failed_start(self) -> None:
+        try:
+            self.close_extras(terminate=True)
+        except Exception:  # noqa: BLE001,S110 - half-started: whatever is left is terminated, or already gone
+            pass
+        self.closed = True
 
     def reset(self, *, seed: Any = None, options: Optional[dict] = None):
         self._assert_open()

@@ -41,7 +41,7 @@ from twice_envs.agents.models.resume import (
     recorded_config,
 )
 from twice_envs.agents.models.transcripts import entity_ids
-from twice_envs.agents.training.checkpoint import CheckpointError
+from twice_envs.agents.training.checkpoint import CheckpointError, load_failure
 
 
 def checkpoint_recipe(folder: os.PathLike) -> tuple[str, TinyModelConfig]:
@@ -57,7 +57,7 @@ def checkpoint_recipe(folder: os.PathLike) -> tuple[str, TinyModelConfig]:
         blob = torch.load(file, map_location="cpu", weights_only=True)
         recipe, saved = str(blob["recipe"]), json.loads(blob["config"])
     except Exception as exc:  # noqa: BLE001 - read_state names the exact fault of a damaged file
-        raise CheckpointError(f"{file}: not a readable build checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{file}: not a readable build checkpoint ({load_failure(exc)})") from None
     if not isinstance(saved, dict):
         raise CheckpointError(f"{file}: no readable recipe config")
     return recipe, recorded_config(saved, file)

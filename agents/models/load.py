@@ -113,6 +113,12 @@ def shipped_model_config(name: str, env_id: str) -> TrainConfig:
     return cpu_config(model=name, env=env_id, **play_settings(name, path, env_id, cpu_config().max_turns))
 
 
+def run_config_file(checkpoint: os.PathLike) -> Path:
+    """The ``config.json`` of the run whose checkpoint is ``checkpoint`` (the run dir or its checkpoint dir)."""
+    path = Path(checkpoint)
+    return (path if (path / "checkpoint" / "state.pt").exists() else path.parent) / "config.json"
+
+
 def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
     """A policy with a run's checkpointed weights (``checkpoint`` = run dir or its checkpoint dir) and
     the run's config. A model name is not a run: :func:`shipped_model_config` plays one."""
@@ -125,7 +131,7 @@ def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
         raise CheckpointError(f"no checkpoint at {checkpoint} (expected a run directory or its checkpoint/){hint}")
     # read (and vet) the file before the slow model load
     weights = read_checkpoint(state_file)["model"]
-    cfg_file = path.parent / "config.json"
+    cfg_file = run_config_file(checkpoint)
     cfg = read_run_config(cfg_file) if cfg_file.exists() else TrainConfig()
     policy = load_policy(model or cfg.model)
     policy.model.load_state_dict(weights)

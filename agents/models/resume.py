@@ -33,7 +33,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from twice_envs.agents.models.recipes import TINY_RECIPE, TinyModelConfig
-from twice_envs.agents.training.checkpoint import CheckpointError, _unpickler_reason
+from twice_envs.agents.training.checkpoint import CheckpointError, _unpickler_reason, load_failure
 from twice_envs.envs.mistakes import Mistake, Played
 
 #: Version of the layout of a build checkpoint (stored under ``"format"``).
@@ -266,7 +266,7 @@ def read_state(file: os.PathLike, recipe: str, cfg: TinyModelConfig) -> dict:
         raise CheckpointError(f"{file}: refused to load: it holds objects other than tensors and plain values "
                               f"(not a build checkpoint; loading it could run code): {_unpickler_reason(exc)}") from None
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, zipfile errors... for damaged files
-        raise CheckpointError(f"{file}: not a readable build checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{file}: not a readable build checkpoint ({load_failure(exc)})") from None
     if not isinstance(blob, dict):
         raise CheckpointError(f"{file}: not a build checkpoint (holds a {type(blob).__name__}, expected a dict)")
     _check_header(file, blob, recipe, cfg, lambda b: json.loads(b["config"]))

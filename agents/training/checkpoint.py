@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,7 +96,7 @@ def read_checkpoint(file: os.PathLike) -> dict:
                               f"(not a checkpoint written by twice train; loading it could run code): "
                               f"{_unpickler_reason(exc)}") from None
     except Exception as exc:  # torch raises RuntimeError, EOFError, zipfile errors... for damaged files
-        raise CheckpointError(f"{file}: not a readable checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CheckpointError(f"{file}: not a readable checkpoint ({load_failure(exc)})") from None
     if not isinstance(blob, dict):
         raise CheckpointError(f"{file}: not a checkpoint (holds a {type(blob).__name__}, expected a dict)")
     missing = [k for k in _CHECKPOINT_KEYS if k not in blob]
@@ -106,12 +107,36 @@ def read_checkpoint(file: os.PathLike) -> dict:
     return blob
 
 
-def _unpickler_reason(exc: Exception) -> str:
-    # torch's message is mostly advice to load unsafely; keep only what it found in the file
-    text = str(exc)
-    tail = text.split("WeightsUnpickler error:", 1)[-1]
-    first = next((line.strip() for line in tail.splitlines() if line.strip()), type(exc).__name__)
-    return first.split(". Please")[0].rstrip(".")
+#: Lines of torch's load errors that advise loading unsafely or point elsewhere, not at the file.
+_ADVICE = re.compile(r"weights_only|Weights only load failed|trusted source|file an issue|Check the documentation"
+                     r"|safe_globals|allowlist", re.IGNORECASE)
+#: Terminal colour codes torch puts in its messages.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _unpickler_reason(exc: BaseException, default: str = "it holds objects other than tensors and plain values") -> str:
+    """What ``torch.load(weights_only=True)`` found in a file it refused, in one line (``default``
+    when the message names nothing).
+
+    torch's message is mostly advice to load the file again with ``weights_only=False``, which
+    would run whatever code the file holds; only the finding is kept (the global or the pickle
+    operation it refused), never the advice.
+    """
+    text = _ANSI.sub("", str(exc))
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1]
+    for line in text.splitlines():
+        line = line.strip().split(". Please")[0].rstrip(".")
+        if line and not _ADVICE.search(line):
+            return line
+    return default
+
+
+def load_failure(exc: BaseException) -> str:
+    """``exc``, raised by ``torch.load(weights_only=True)`` on a damaged or foreign file, as
+    ``"Kind: finding"`` in one line, without torch's advice to load the file unsafely."""
+    finding = _unpickler_reason(exc, default="")
+    return f"{type(exc).__name__}: {finding}" if finding else type(exc).__name__
 
 
 def load_checkpoint(state: TrainState, path: os.PathLike) -> TrainState:

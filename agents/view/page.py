@@ -10,11 +10,14 @@ The data rides in two ``<script type="application/json">`` blocks, never in the 
 Both are ASCII JSON with ``<``, ``>`` and ``&`` written as ``\\u`` escapes, so no text from an
 episode can end the block or open a tag; the script builds every element with ``textContent``
 and attributes, never by parsing data as HTML. A Content-Security-Policy forbids every request
-(no fonts, scripts, images or connections from anywhere).
+(no fonts, scripts, images or connections from anywhere), and lets only the page's own script run (by
+its sha256; inline scripts are not allowed as such).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 from typing import Any
@@ -23,9 +26,9 @@ from twice_envs.agents.stats import THRESHOLD
 from twice_envs.agents.view.load import Explorer
 from twice_envs.agents.records import finite_json
 
-#: The page's Content-Security-Policy: nothing may be loaded from anywhere.
-CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; "
-       "base-uri 'none'; form-action 'none'")
+# The page's Content-Security-Policy, CSP, is set at the end of this module, where the script is
+# defined: nothing may be loaded from anywhere, and the one script that may run is the page's own,
+# named by its sha256 (no 'unsafe-inline' for scripts: a script planted in the page never runs).
 #: Episodes per page of the list.
 PAGE_SIZE = 50
 
@@ -850,3 +853,13 @@ JS = r"""
   document.documentElement.setAttribute("data-ready", "1");
 })();
 """
+
+
+def script_hash(script: str) -> str:
+    """The CSP source that lets exactly ``script`` (the text of one inline ``<script>``) run."""
+    return "'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+#: The page's Content-Security-Policy (see the comment at the top of the module).
+CSP = (f"default-src 'none'; script-src {script_hash(JS)}; style-src 'unsafe-inline'; img-src data:; "
+       "base-uri 'none'; form-action 'none'")

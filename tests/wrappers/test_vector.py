@@ -385,3 +385,17 @@ def test_distinct_noise_for_a_group_of_one_task(mode):
         assert infos["noise_key"][0] == infos["noise_key"][1]
     finally:
         same.close()
+
+
+def test_a_script_without_the_main_guard_is_told_why_its_spawned_workers_died(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "vec_script.py"
+    script.write_text('import twice_envs\n\nvec = twice_envs.make_vec("CreditToy-v0", 2, vectorization_mode="async", '
+                      'context="spawn")\nvec.close()\n')
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode != 0
+    assert last.startswith("twice_envs.errors.TwiceError: the async vector env of CreditToy-v0")
+    assert f'{script} has no `if __name__ == "__main__":` guard' in last and "'spawn' imports the main script" in last
