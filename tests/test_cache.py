@@ -1,15 +1,24 @@
-"""Cache builds: temporary folders of killed builds are removed by the next build, never those of live ones."""
+"""Cache builds: temporary folders of killed builds are removed by the next build, never those of live ones;
+every cache folder is checked against its manifest, and a damaged one is named and built again."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import warnings
 
+import pytest
+
+from tests.cache_damage import cases, damage, named
 from twice_envs import _cache
 from twice_envs._cache import build_dir, sweep_stale_builds
+from twice_envs.errors import DataFormatError
 
 KILLED_BUILD = """
 import sys, time
@@ -75,3 +84,150 @@ def test_a_published_folder_gets_the_umask_mode(tmp_path):
         assert (tmp_path / "store").stat().st_mode & 0o777 == 0o755
     finally:
         os.umask(old)
+
+
+# ----------------------------------------------------------------------------- the manifest layer and healing
+TOY_FILES = ("a.txt", "b.bin")
+
+
+def _build_toy(tmp, log):
+    log.append(tmp)
+    (tmp / "a.txt").write_text("alpha " * 50)
+    (tmp / "b.bin").write_bytes(bytes(range(256)) * 4)
+    _cache.write_manifest(tmp, "toy/1", TOY_FILES, {"n": 2})
+
+
+def _open_toy(d):
+    meta = _cache.read_manifest(d, "toy/1", TOY_FILES)
+    return meta, [(d / name).read_bytes() for name in TOY_FILES]
+
+
+@pytest.mark.parametrize("kind, name", cases(TOY_FILES, _cache.MANIFEST))
+def test_every_damage_is_named_then_healed_with_the_same_contents(tmp_path, kind, name):
+    builds = []
+    target = tmp_path / "toy"
+    first = _cache.cached(target, _open_toy, lambda tmp: _build_toy(tmp, builds), "toy cache")
+    damage(kind, target, name)
+    with pytest.raises(DataFormatError) as err:
+        _open_toy(target)
+    assert err.value.path == named(kind, target, name)
+    bad = re.escape(named(kind, target, name))
+    with pytest.warns(RuntimeWarning, match=f"toy cache unusable, rebuilding it: {bad}"):
+        again = _cache.cached(target, _open_toy, lambda tmp: _build_toy(tmp, builds), "toy cache")
+    assert again == first and len(builds) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["toy"]  # the damaged copy and the build folder are gone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _cache.cached(target, _open_toy, lambda tmp: pytest.fail("rebuilt a sound cache"), "toy cache") == first
+
+
+def test_a_large_file_is_checked_by_size_and_sampled_blocks(tmp_path, monkeypatch):
+    monkeypatch.setattr(_cache, "DIGEST_WHOLE", 1024)
+    monkeypatch.setattr(_cache, "DIGEST_BLOCKS", 4)
+    monkeypatch.setattr(_cache, "DIGEST_BLOCK", 16)
+    path = tmp_path / "big.bin"
+    path.write_bytes(bytes(4096))
+    digest = _cache.file_digest(path)
+    path.write_bytes(bytes(4095) + b"\1")  # the last block is sampled
+    assert _cache.file_digest(path) != digest
+    path.write_bytes(bytes(1000) + b"\1" + bytes(3095))  # between samples: unseen by the digest
+    assert _cache.file_digest(path) == digest
+    path.write_bytes(bytes(4095))
+    assert _cache.file_digest(path) != digest  # the size is always part of it
+
+
+def test_a_manifest_of_another_format_or_file_list_is_refused(tmp_path):
+    _build_toy(tmp_path, [])
+    with pytest.raises(DataFormatError, match=r"cache format 'toy/1'; this version reads 'toy/2'"):
+        _cache.read_manifest(tmp_path, "toy/2", TOY_FILES)
+    with pytest.raises(DataFormatError, match=r"lists the files \['a.txt', 'b.bin'\], expected \['a.txt'\]"):
+        _cache.read_manifest(tmp_path, "toy/1", ["a.txt"])
+    manifest = json.loads((tmp_path / _cache.MANIFEST).read_text())
+    del manifest["layout"]  # what an earlier version wrote
+    (tmp_path / _cache.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(DataFormatError, match="not a twice_envs.manifest/1 cache manifest"):
+        _cache.read_manifest(tmp_path, "toy/1", TOY_FILES)
+
+
+def test_read_json_names_the_file_for_any_failure(tmp_path):
+    path = tmp_path / "meta.json"
+    for content, problem in (("[" * 100_000 + "]" * 100_000, "RecursionError"), ("{", "JSONDecodeError"),
+                             (b"\xff\xfe", "UnicodeDecodeError")):
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        with pytest.raises(DataFormatError, match=problem) as err:
+            _cache.read_json(path)
+        assert err.value.path == str(path)
+    path.unlink()
+    with pytest.raises(DataFormatError, match="gone for good"):
+        _cache.read_json(path, "gone for good")
+
+
+def test_a_fresh_build_that_fails_its_own_check_raises(tmp_path):
+    builds = []
+
+    def build(tmp):
+        builds.append(tmp)
+        (tmp / _cache.MANIFEST).write_text("{}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataFormatError, match="not a twice_envs.manifest/1"):
+            _cache.cached(tmp_path / "c", _open_toy, build, "toy cache")
+    assert len(builds) == 1  # not built again and again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # published, then refused: no build folder left
+
+
+def test_a_folder_replaced_by_another_process_is_opened_not_discarded(tmp_path):
+    target = tmp_path / "toy"
+    target.mkdir()
+    (target / "junk").write_text("half a build")
+    calls = []
+
+    def open_fn(d):
+        calls.append(d)
+        if len(calls) == 1:  # while this one is refused, another process publishes a sound copy
+            fresh = tmp_path / "fresh"
+            fresh.mkdir()
+            _build_toy(fresh, [])
+            shutil.rmtree(d)
+            os.replace(fresh, d)
+            raise DataFormatError(d / _cache.MANIFEST, None, "missing")
+        return _open_toy(d)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = _cache.cached(target, open_fn, lambda tmp: pytest.fail("built again"), "toy cache")
+    assert got[0] == {"n": 2} and len(calls) == 2
+
+
+def test_an_empty_folder_is_built_quietly(tmp_path):
+    (tmp_path / "toy").mkdir()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _cache.cached(tmp_path / "toy", _open_toy, lambda tmp: _build_toy(tmp, []), "toy cache")[0] == {"n": 2}
+
+
+def test_cache_dir_replaces_a_file_in_its_way_but_never_the_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "root"))
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "searchqa").write_text("not a folder")
+    with pytest.warns(RuntimeWarning, match="searchqa is not a folder"):
+        path = _cache.cache_dir("searchqa", "bm25")
+    assert path.is_dir() and path == tmp_path / "root" / "searchqa" / "bm25"
+    assert sorted(p.name for p in (tmp_path / "root").iterdir()) == ["searchqa"]
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "root" / "searchqa" / "bm25" / "file"))
+    (path / "file").write_text("the user's")
+    with pytest.raises(NotADirectoryError, match="bm25/file"):
+        _cache.cache_dir("searchqa")
+    assert (path / "file").read_text() == "the user's"
+
+
+def test_discard_removes_a_file_a_folder_or_a_link(tmp_path):
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "inner").write_text("x")
+    (tmp_path / "target").mkdir()
+    os.symlink(tmp_path / "target", tmp_path / "link")
+    for name in ("f", "d", "link"):
+        _cache.discard(tmp_path / name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]

@@ -4,6 +4,7 @@ corrupt, foreign or other-version file raises a DataFormatError naming it, and t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 import twice_envs
+from tests.cache_damage import cases, damage, named
 from tests.envs._webshop_data import PRODUCTS, write_shop
 from twice_envs.envs.webshop.catalogue import MANIFEST, AsinIndex, FlatFiles, FlatWriter
 from twice_envs.envs.webshop.resources import (
@@ -116,11 +118,24 @@ def test_a_bad_cache_file_is_named_and_rebuilt(built, name, how):
     with pytest.raises(DataFormatError) as e:
         verify_cache(root)
     assert e.value.path == str(root / name), e.value
-    with pytest.warns(RuntimeWarning, match=f"rebuilding the cache: .*{name}"):
+    with pytest.warns(RuntimeWarning, match=f"rebuilding it: .*{name}"):
         again = load_catalogue(**files)
     assert _content(*again) == content  # the rebuilt cache holds the same data
     verify_cache(root)
     assert [p.name for p in root.parent.iterdir()] == [root.name]  # the bad folder is gone
+
+
+@pytest.mark.parametrize("kind, name", cases(("records.jsonl", "offsets.npy", "index_data.npy"), MANIFEST))
+def test_every_damage_kind_is_named_then_healed(built, kind, name):
+    files, root, content = built
+    damage(kind, root, name)
+    with pytest.raises(DataFormatError) as e:
+        verify_cache(root)
+    assert e.value.path == named(kind, root, name)
+    with pytest.warns(RuntimeWarning, match=f"rebuilding it: {re.escape(named(kind, root, name))}"):
+        assert _content(*load_catalogue(**files)) == content
+    verify_cache(root)
+    assert [p.name for p in root.parent.iterdir()] == [root.name]
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,10 @@
-"""BM25 index files: memory-mapped read-only, streamed builds, and every damaged file refused by name (and rebuilt by the cache)."""
+"""BM25 index files: memory-mapped read-only, streamed builds, and every damaged file refused by name (and rebuilt
+by the cache). The fuzz test damages each file (and meta.json, and the folder) in each way of ``tests.cache_damage``."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tracemalloc
 import warnings
@@ -10,6 +12,7 @@ import warnings
 import numpy as np
 import pytest
 
+from tests.cache_damage import cases, damage, named
 from twice_envs.envs.searchqa import bm25_index
 from twice_envs.envs.searchqa.bm25 import BM25Index, BM25Params, build_index, index_dir, open_index
 from twice_envs.envs.searchqa.bm25_index import FILES, INDEX_FORMAT
@@ -184,7 +187,7 @@ def test_foreign_and_missing_files_are_refused(built, tmp_path):
     (built / "data.npy").unlink()
     _expect(built, "data.npy", "missing")
     (built / "meta.json").write_text("{ not json")
-    _expect(built, "meta.json", "unreadable")
+    _expect(built, "meta.json", "not valid JSON")
     (built / "meta.json").unlink()
     _expect(built, "meta.json", "missing")
 
@@ -233,6 +236,24 @@ def test_the_cache_rebuilds_a_damaged_index(tmp_path, monkeypatch, damage):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         open_index("v" * 64, None, texts_fn=lambda: pytest.fail("must not rebuild"))
+
+
+@pytest.mark.parametrize("kind, name", cases(FILES, "meta.json"))
+def test_every_damage_of_every_file_is_named_then_healed(tmp_path, monkeypatch, kind, name):
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
+    texts = _texts(120)
+    first = open_index("v" * 64, texts)
+    expected = {q: first.search(q, 4) for q in QUERIES}
+    d = first.directory
+    del first
+    damage(kind, d, name)
+    with pytest.raises(DataFormatError) as err:
+        BM25Index(d)
+    assert err.value.path == named(kind, d, name)
+    with pytest.warns(RuntimeWarning, match=f"BM25 index unusable, rebuilding it: {re.escape(named(kind, d, name))}"):
+        again = open_index("v" * 64, texts)
+    assert {q: again.search(q, 4) for q in QUERIES} == expected
+    assert sorted(p.name for p in d.parent.iterdir()) == [d.name]
 
 
 def test_streamed_wiki18_format_corpus_indexes_as_a_stream(tmp_path):

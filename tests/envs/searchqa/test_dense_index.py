@@ -6,6 +6,7 @@ at the end need the dense extra's encoder and skip without it.
 
 import hashlib
 import json
+import re
 import types
 import warnings
 from dataclasses import replace
@@ -15,6 +16,8 @@ import pytest
 
 faiss = pytest.importorskip("faiss")
 
+from tests.cache_damage import cases, damage, named  # noqa: E402
+from twice_envs import _cache  # noqa: E402
 from twice_envs.envs.searchqa import retrievers as R  # noqa: E402
 from twice_envs.envs.searchqa.dense_bench import synthetic_chunks, synthetic_mixture  # noqa: E402
 from twice_envs.errors import DataFormatError  # noqa: E402
@@ -217,7 +220,7 @@ def test_truncated_or_garbage_index_raises_naming_the_file(kind, vectors_dir, tm
         with pytest.raises(DataFormatError, match="not a readable faiss index") as info:
             R.read_index_file(faiss, path)
         assert str(path) in str(info.value)
-    (out / R.MANIFEST).write_text("{not json")
+    (out / _cache.MANIFEST).write_text("{not json")
     with pytest.raises(DataFormatError, match="manifest"):
         R.open_index_dir(faiss, out, spec, N)
 
@@ -260,6 +263,52 @@ def test_cache_rebuilds_a_corrupt_folder(data, vectors_dir, tmp_path):
         again = R.cached(target, lambda d: R.open_index_dir(faiss, d, spec, N), build, "test index")
     assert len(builds) == 2 and _search(again, data[1][:20]) == want
     assert [p.name for p in target.parent.iterdir()] == ["x.ivf"]  # no leftovers
+
+
+@pytest.mark.parametrize("kind, name", cases([R.VECTORS_FILE], _cache.MANIFEST))
+def test_every_damage_of_the_vectors_folder_is_named_then_healed(data, tmp_path, kind, name):
+    builds = []
+
+    def build(tmp):
+        builds.append(tmp)
+        R.write_vectors(tmp, np.array_split(data[0][:600], 2), 600, DIM)
+
+    target = tmp_path / "x.vectors"
+    first = np.array(R.cached(target, lambda d: R.open_vectors(d, 600, DIM), build, "dense vectors"))
+    damage(kind, target, name)
+    with pytest.raises(DataFormatError) as err:
+        R.open_vectors(target, 600, DIM)
+    assert err.value.path == named(kind, target, name)
+    bad = re.escape(named(kind, target, name))
+    with pytest.warns(RuntimeWarning, match=f"dense vectors unusable, rebuilding it: {bad}"):
+        again = R.cached(target, lambda d: R.open_vectors(d, 600, DIM), build, "dense vectors")
+    assert np.array_equal(again, first) and len(builds) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["x.vectors"]
+
+
+@pytest.mark.parametrize("kind, name", cases([R.INDEX_FILE], _cache.MANIFEST))
+def test_every_damage_of_an_index_folder_is_named_then_healed(data, vectors_dir, tmp_path, kind, name):
+    spec = R.index_spec(_params("ivf"), N, DIM)
+
+    def build(tmp):
+        R.write_index_dir(faiss, R.build_faiss_index(faiss, R.open_vectors(vectors_dir), spec), tmp, spec)
+
+    def open_fn(d):
+        index = R.open_index_dir(faiss, d, spec, N)
+        R.configure_search(faiss, index, {"nprobe": 8})
+        return index
+
+    target = tmp_path / "x.ivf"
+    want = _search(R.cached(target, open_fn, build, "dense ivf index"), data[1][:20])
+    damage(kind, target, name)
+    with pytest.raises(DataFormatError) as err:
+        R.open_index_dir(faiss, target, spec, N)
+    assert err.value.path == named(kind, target, name)
+    bad = re.escape(named(kind, target, name))
+    with pytest.warns(RuntimeWarning, match=f"dense ivf index unusable, rebuilding it: {bad}"):
+        again = R.cached(target, open_fn, build, "dense ivf index")
+    assert _search(again, data[1][:20]) == want
+    assert [p.name for p in tmp_path.iterdir()] == ["x.ivf"]
 
 
 @pytest.mark.skipif(not hasattr(faiss, "IO_FLAG_MMAP_IFC"), reason="no IO_FLAG_MMAP_IFC here (it maps IVF lists only)")

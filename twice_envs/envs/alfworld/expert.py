@@ -136,7 +136,7 @@ class HandcodedExpert:
         import json
         import os
 
-        from twice_envs._cache import cache_dir
+        from twice_envs._cache import cache_dir, discard
         from twice_envs.trajectory import atomic_write_text
 
         if game.path and os.path.isfile(os.path.join(os.path.dirname(game.path), "traj_data.json")):
@@ -146,8 +146,11 @@ class HandcodedExpert:
             raise ExpertError(f"game {game.name} has no ALFWorld task parameters (pddl_params) for the hand-coded expert")
         folder = cache_dir("alfworld", "traj", game.key[:24])
         target = folder / "traj_data.json"
-        if not target.is_file():
-            atomic_write_text(target, json.dumps({"task_type": game.task_type, "pddl_params": params}))
+        text = json.dumps({"task_type": game.task_type, "pddl_params": params})
+        if not (target.is_file() and target.read_bytes() == text.encode()):  # checked in full: a few hundred bytes
+            if os.path.lexists(target) and not target.is_file():
+                discard(target)
+            atomic_write_text(target, text)
         return str(folder / "game.tw-pddl")
 
     def _call(self, fn: Callable[[], Any]) -> Any:

@@ -25,12 +25,15 @@ import hashlib
 import json
 import os
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
+from twice_envs._cache import cache_dir, discard, read_json
 from twice_envs.errors import DataFormatError, TwiceError
+from twice_envs.trajectory import atomic_write_text
 
 from twice_envs.envs.alfworld.engine import GameData
 from twice_envs.envs.alfworld.tasks import TASK_TYPES, goal_sentence, resolve_task_types
@@ -361,24 +364,35 @@ def _list_real(data_dir: str, split: str) -> list[GameEntry]:
 
 
 def _cached_index(folder: Path, found: list[tuple[str, os.stat_result]]) -> dict[str, tuple[str, bool]]:
-    """Task type and solvability of each game, cached on disk (reading 3,000 games takes seconds)."""
-    from twice_envs._cache import cache_dir
+    """Task type and solvability of each game, cached on disk (reading 3,000 games takes seconds).
 
+    The cache file records the sha256 of what it holds: a damaged one is named in a
+    ``RuntimeWarning`` and computed again.
+    """
     stamp = _index_stamp(found)
-    cache_file = cache_dir("alfworld", "index") / (hashlib.sha256(str(folder).encode()).hexdigest()[:24] + ".json")
-    try:
-        cached = json.loads(cache_file.read_text())
-        if cached.get("stamp") == stamp:
-            return {rel: (t, bool(s)) for rel, t, s in cached["games"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    cache_file = cache_dir("alfworld", "index") / (hashlib.sha256(str(folder).encode()).hexdigest()[:24] + ".v2.json")
+    if os.path.lexists(cache_file):
+        try:
+            saved = read_json(cache_file)
+            if saved["sha256"] != _index_digest(saved["stamp"], saved["games"]):
+                raise DataFormatError(cache_file, None, "its contents do not match the sha256 it records")
+            if saved["stamp"] == stamp:
+                return {rel: (t, bool(s)) for rel, t, s in saved["games"]}
+        except (KeyError, TypeError, ValueError) as exc:  # DataFormatError is a ValueError
+            warnings.warn(f"cached ALFWorld game index unusable, computing it again: {cache_file}: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
+            if not cache_file.is_file():
+                discard(cache_file)
     index: dict[str, tuple[str, bool]] = {}
     for rel, _ in found:
         index[rel] = (_task_type_of(folder / rel), _is_solvable(folder / rel / GAME_FILE))
-    from twice_envs.trajectory import atomic_write_text
-
-    atomic_write_text(cache_file, json.dumps({"stamp": stamp, "games": [[r, t, s] for r, (t, s) in sorted(index.items())]}))
+    games = [[r, t, s] for r, (t, s) in sorted(index.items())]
+    atomic_write_text(cache_file, json.dumps({"stamp": stamp, "games": games, "sha256": _index_digest(stamp, games)}))
     return index
+
+
+def _index_digest(stamp: str, games: list) -> str:
+    return hashlib.sha256(json.dumps([stamp, games], sort_keys=True).encode()).hexdigest()
 
 
 def _task_type_of(game_dir: Path) -> str:

@@ -26,6 +26,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs._cache import MANIFEST, cache_dir, cached, read_manifest, write_manifest
+from twice_envs.errors import DataFormatError
 from twice_envs.keys import stable_seed
 from twice_envs.envs.alfworld.engine import POOL, GameData
 from twice_envs.envs.alfworld.games import BUNDLED_DIR, BUNDLED_FORMAT, alfworld_data_file, grammar_with_goal
@@ -161,6 +163,8 @@ TASK_LAYOUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 #: Games per (task type, layout) in each split.
 SPLIT_COUNTS = {"train": 2, "valid_seen": 1, "valid_unseen": 1}
+#: What the manifest of a cached collection of generated games (:func:`generated_collection`) names.
+COLLECTION_FORMAT = "alfworld.generated/1"
 
 # ---------------------------------------------------------------------------- drawn rooms
 #: Room kinds of the drawn training rooms: (receptacle type -> (min, max) count, object types).
@@ -487,16 +491,30 @@ def generate(out_dir: Path, counts: Optional[dict] = None, *, keep_existing: boo
 def generated_collection(split: str, count: int, rooms: int = 0) -> Path:
     """A cache folder of ``count`` generated games per task type and layout of ``split`` (written on
     first use, a few seconds per 10 games), to pass as ``make("ALFWorld-v0", data_dir=...)``;
-    ``rooms`` drawn rooms of each kind join the train split's layouts (:func:`generate`)."""
-    from twice_envs._cache import cache_dir
+    ``rooms`` drawn rooms of each kind join the train split's layouts (:func:`generate`).
 
+    The folder is generated aside and renamed into place, and every call checks it against its
+    manifest (each game file's size and digest, and the settings): a damaged or missing game is
+    named in a ``RuntimeWarning`` and the collection generated again (:func:`twice_envs._cache.cached`).
+    """
     if split not in SPLIT_COUNTS or int(count) < 1:
         raise ValueError(f"need a split of {tuple(SPLIT_COUNTS)} and a positive count, got {split!r}, {count!r}")
     if int(rooms) < 0 or (rooms and split != "train"):
         raise ValueError(f"drawn rooms are for the train split only and cannot be negative, got {split!r}, rooms={rooms!r}")
-    folder = cache_dir("alfworld", "generated", f"{split}-{int(count)}" + (f"-rooms{int(rooms)}" if rooms else ""))
-    generate(folder, {split: int(count)}, keep_existing=True, rooms=int(rooms))
-    return folder
+    folder = cache_dir("alfworld", "generated") / (f"{split}-{int(count)}" + (f"-rooms{int(rooms)}" if rooms else ""))
+    settings = {"format": BUNDLED_FORMAT, "split": split, "count": int(count), "rooms": int(rooms)}
+
+    def check(d: Path) -> Path:
+        meta = read_manifest(d, COLLECTION_FORMAT, None)
+        if meta.get("settings") != settings:
+            raise DataFormatError(d / MANIFEST, None, f"generated with {meta.get('settings')}, not {settings}")
+        return d
+
+    def build(tmp: Path) -> None:
+        written = generate(tmp, {split: int(count)}, rooms=int(rooms))
+        write_manifest(tmp, COLLECTION_FORMAT, [p.relative_to(tmp).as_posix() for p in written], {"settings": settings})
+
+    return cached(folder, check, build, "generated ALFWorld games")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

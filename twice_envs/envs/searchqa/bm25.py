@@ -57,14 +57,13 @@ import re
 import shutil
 import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from twice_envs._cache import build_dir, publish_dir
+from twice_envs._cache import build_dir, cache_dir, cached, publish_dir
 from twice_envs.envs.searchqa.bm25_index import BLOCK, INDEX_FORMAT, IndexFiles, IndexWriter
 from twice_envs.errors import DataFormatError
 
@@ -164,22 +163,29 @@ def build_index(texts: Iterable[str], directory: str | Path, params: BM25Params 
     """
     directory = Path(directory)
     tmp = build_dir(directory)
-    writer: Optional[IndexWriter] = None
+    try:
+        write_index(texts, tmp, params, chunk_size=chunk_size, meta=meta, progress=progress)
+        publish_dir(tmp, directory, "meta.json")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def write_index(texts: Iterable[str], directory: Path, params: BM25Params = BM25Params(), *, chunk_size: int = 50_000,
+                meta: dict | None = None, progress=None) -> None:
+    """Write the files of the BM25 index of ``texts`` into the existing, empty folder ``directory``
+    (``meta.json`` last; see :func:`build_index`)."""
+    writer = IndexWriter(directory, params.k1, params.b)
     try:
         tok = Tokenizer(params.stem, params.stopwords)
-        writer = IndexWriter(tmp, params.k1, params.b)
         for chunk in _chunks(texts, chunk_size):
             writer.add([tok(t) for t in chunk])
             if progress is not None:
                 progress(writer.num_docs)
         writer.finish({"params": asdict(params), **(meta or {})})
-        publish_dir(tmp, directory, "meta.json")
-    except BaseException:
-        if writer is not None:
-            writer.close()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return directory
+    finally:
+        writer.close()
 
 
 def _no_hits() -> tuple[np.ndarray, np.ndarray]:
@@ -599,40 +605,30 @@ class _Pool:
 
 
 def index_dir(corpus_version: str, params: BM25Params) -> Path:
-    from twice_envs._cache import cache_dir
-
     return cache_dir("searchqa", "bm25") / f"{corpus_version[:24]}-{params.digest()[:12]}"
-
-
-def _discard(directory: Path) -> None:
-    """Move a bad index folder aside (a build folder name, so a later sweep finds leftovers) and delete it."""
-    trash = build_dir(directory)
-    try:
-        directory.replace(trash)  # onto the fresh, empty folder
-    except FileNotFoundError:  # another process discarded it first
-        pass
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def open_index(corpus_version: str, texts: Iterable[str] | None, params: BM25Params = BM25Params(), texts_fn=None) -> BM25Index:
     """The cached index for a corpus version, built from ``texts`` (or ``texts_fn()``) on first use.
 
     A cached index that fails its checks (a missing, truncated, corrupt or foreign file,
-    another format version, another corpus or other parameters) is discarded with a
-    warning naming the file, and rebuilt.
+    an unparseable ``meta.json``, a file where the folder belongs, another format
+    version, another corpus or other parameters) is discarded with a warning naming the
+    file, and rebuilt (:func:`twice_envs._cache.cached`).
     """
-    d = index_dir(corpus_version, params)
-    if d.exists():
-        try:
-            index = BM25Index(d)
-            if index.meta.get("corpus_version") != corpus_version or index.meta.get("params") != asdict(params):
-                raise DataFormatError(d / "meta.json", None, "built for another corpus or other parameters; the index must be rebuilt")
-            return index
-        except DataFormatError as exc:
-            warnings.warn(f"BM25 index unusable, rebuilding it: {exc}", RuntimeWarning, stacklevel=2)
-            _discard(d)
-    build_index(texts if texts is not None else texts_fn(), d, params, meta={"corpus_version": corpus_version}, progress=_Progress())
-    return BM25Index(d)
+
+    def open_checked(d: Path) -> BM25Index:
+        index = BM25Index(d)
+        if index.meta.get("corpus_version") != corpus_version or index.meta.get("params") != asdict(params):
+            raise DataFormatError(d / "meta.json", None,
+                                  "built for another corpus or other parameters; the index must be rebuilt")
+        return index
+
+    def build(tmp: Path) -> None:
+        write_index(texts if texts is not None else texts_fn(), tmp, params, meta={"corpus_version": corpus_version},
+                    progress=_Progress())
+
+    return cached(index_dir(corpus_version, params), open_checked, build, "BM25 index", marker="meta.json")
 
 
 class _Progress:

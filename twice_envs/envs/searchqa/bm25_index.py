@@ -52,6 +52,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs._cache import read_json
 from twice_envs.errors import DataFormatError
 
 #: Bump when any file's layout or meaning changes (part of the cache key; checked on open).
@@ -485,12 +486,9 @@ class IndexFiles:
 def read_meta(directory: Path) -> dict:
     """``meta.json`` of an index folder, checked for this format version."""
     path = Path(directory) / "meta.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataFormatError(path, None, "missing: the folder holds no finished index; the index must be rebuilt") from None
-    except (OSError, ValueError) as exc:
-        raise DataFormatError(path, None, f"unreadable ({exc}); the index must be rebuilt") from None
+    if not Path(directory).is_dir():
+        raise DataFormatError(directory, None, "not a folder (an index folder belongs here); the index must be rebuilt")
+    meta = read_json(path, "missing: the folder holds no finished index; the index must be rebuilt")
     fmt = meta.get("format") if isinstance(meta, dict) else None
     if fmt != INDEX_FORMAT:
         raise DataFormatError(path, None, f"index format {fmt!r}, this version reads {INDEX_FORMAT!r}; the index must be rebuilt")

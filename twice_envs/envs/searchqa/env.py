@@ -224,12 +224,12 @@ class SearchQAEnv(TextEnv):
             self._searches += 1
             body = f"Search failed: {type(exc).__name__}: {str(exc)[:200]}"
             return self._results(body), cost, False, self._info(query=query, retrieved=[], tool_error=True)
-        self._searches += 1
         corpus = self.resources.corpus
         if items and isinstance(items[0], str):  # a tool that returns passages itself
             contents, retrieved = items, []
-        else:
+        else:  # a damaged passage raises here, before the search is counted
             contents, retrieved = [corpus.contents(i) for i in items], [corpus.passage_id(i) for i in items]
+        self._searches += 1
         body = P.format_passages(contents) if contents else "No passage matches the query."
         return self._results(body), cost, False, self._info(query=query, retrieved=retrieved)
 

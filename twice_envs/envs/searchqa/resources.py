@@ -100,16 +100,17 @@ def get_resources(
     journal: Optional[str],
     search_tool: Optional[str] = None,
 ) -> Resources:
-    """The shared resources for these settings (built on first use in this process)."""
+    """The shared resources for these settings (built on first use in this process, and again once
+    their passage store found a damaged passage)."""
     if search_tool is not None and search_tool not in SEARCH_TOOLS:
         raise ValueError(f"no search tool named {search_tool!r} is registered (register_search_tool); known: {sorted(SEARCH_TOOLS)}")
     key = canonical_json([_cache_root(), corpus, questions, generator, retriever, retriever_options or {}, journal, search_tool])
     res = _CACHE.get(key)
-    if res is not None:
+    if res is not None and not res.corpus.damaged:
         return res
     with _LOCK:
         res = _CACHE.get(key)
-        if res is None:
+        if res is None or res.corpus.damaged:
             res = _build(corpus, questions, generator, retriever, retriever_options or {}, journal)
             if search_tool is not None:
                 res.tool = SEARCH_TOOLS[search_tool](res)

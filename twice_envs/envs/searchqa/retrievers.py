@@ -21,12 +21,13 @@ Dense index kinds (``DenseParams.index_kind``): ``"flat"`` (exact), ``"ivf"``
   Without it, ``IO_FLAG_MMAP`` maps the IVF lists only, and HNSW is read into memory.
   A mapped index must never be added to (faiss aborts the process).
 
-Each folder is built in a temporary folder and renamed into place
-(:mod:`twice_envs._cache`); its manifest records the file's size and a digest of its
-bytes (the whole file up to 16 MiB; beyond, its size and 64 sampled blocks, so a change
+Each folder is built in a temporary folder and renamed into place, and checked against
+its manifest before every use (:mod:`twice_envs._cache`: the file's size, and a digest
+of the whole file up to 16 MiB; beyond, of its size and 64 sampled blocks, so a change
 confined to unsampled bytes of a large file goes unnoticed). A file that fails these
-checks or that faiss cannot parse raises :class:`~twice_envs.errors.DataFormatError`
-naming it, and the cache discards the folder with a warning and builds it again.
+checks or that faiss cannot parse, a missing or unparseable manifest, or a file where a
+folder belongs raises :class:`~twice_envs.errors.DataFormatError` naming it, and the
+cache discards the folder with a warning and builds it again.
 
 Builds are deterministic: the training sample is a fixed function of the seed, faiss
 k-means and PQ training are seeded, and HNSW is built on one thread (parallel HNSW
@@ -45,7 +46,6 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import sys
 import time
 import warnings
@@ -55,6 +55,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
 
+from twice_envs._cache import cache_dir, cached, read_manifest, write_manifest
 from twice_envs.envs.searchqa.bm25 import BM25Index, BM25Params, open_index
 from twice_envs.envs.searchqa.corpus import CorpusStore
 from twice_envs.errors import DataFormatError
@@ -62,12 +63,13 @@ from twice_envs.tools import Tool
 
 #: Part of the dense retriever's version (what its results depend on).
 DENSE_FORMAT = "searchqa.dense/1"
-#: Layout of the cached vectors and index folders.
+#: Layout of the cached vectors and index folders (part of their cache keys).
 STORE_FORMAT = "searchqa.dense-store/2"
+#: What their manifests name (version 3: the shared manifest layer of :mod:`twice_envs._cache`).
+FOLDER_FORMAT = "searchqa.dense-store/3"
 INDEX_KINDS = ("flat", "ivf", "hnsw", "ivfpq")
 #: Kinds faiss can search on GPUs. faiss has no GPU HNSW, so ``"hnsw"`` stays on the CPU.
 GPU_KINDS = ("flat", "ivf", "ivfpq")
-MANIFEST = "manifest.json"
 VECTORS_FILE = "vectors.npy"
 INDEX_FILE = "index.faiss"
 #: Training points per IVF list, and per PQ centroid (faiss warns below 39 per centroid).
@@ -75,9 +77,6 @@ TRAIN_PER_LIST = 64
 TRAIN_PER_CODE = 256
 #: Rows per ``add`` call while building (part of the format: HNSW's graph depends on it).
 ADD_CHUNK = 65_536
-#: Files up to this size are digested whole; larger ones by head, tail and strided blocks.
-_DIGEST_WHOLE = 16 << 20
-_DIGEST_BLOCKS, _DIGEST_BLOCK = 64, 64 << 10
 #: Passages encoded per chunk while building the vectors.
 _ENCODE_CHUNK = 4096
 #: Builds over at least this many passages report progress on stderr.
@@ -443,64 +442,6 @@ def rank_rows(scores: np.ndarray, ids: np.ndarray, k: int) -> list[tuple[list[in
 
 
 # ----------------------------------------------------------------------------- files
-def file_digest(path: Path) -> str:
-    """sha256 of the file if it is at most 16 MiB, else of its size, first and last 64 KiB and 62 blocks between.
-
-    Cheap on a file of many GB; a truncated, overwritten or foreign file almost surely
-    changes it.
-    """
-    path = Path(path)
-    size = path.stat().st_size
-    h = hashlib.sha256(f"{size}:".encode())
-    with open(path, "rb") as fh:
-        if size <= _DIGEST_WHOLE:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        else:
-            span = size - _DIGEST_BLOCK
-            for i in range(_DIGEST_BLOCKS):
-                fh.seek(span * i // (_DIGEST_BLOCKS - 1))
-                h.update(fh.read(_DIGEST_BLOCK))
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_manifest(directory: Path, data_file: str, meta: dict) -> None:
-    path = Path(directory) / data_file
-    _fsync(path)
-    manifest = {"format": STORE_FORMAT, "file": data_file, "bytes": path.stat().st_size, "digest": file_digest(path),
-                **meta}
-    (Path(directory) / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-
-
-def _read_manifest(directory: Path, data_file: str) -> dict:
-    """The manifest of a cached folder after checking its data file's size and digest."""
-    mpath, path = Path(directory) / MANIFEST, Path(directory) / data_file
-    try:
-        meta = json.loads(mpath.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise DataFormatError(mpath, None, f"unreadable manifest ({exc})") from None
-    if not isinstance(meta, dict) or meta.get("format") != STORE_FORMAT or meta.get("file") != data_file:
-        raise DataFormatError(mpath, None, f"not a {STORE_FORMAT} manifest for {data_file}")
-    try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise DataFormatError(path, None, f"missing or unreadable ({exc})") from None
-    if size != meta.get("bytes"):
-        raise DataFormatError(path, None,
-                              f"{size} bytes where its manifest says {meta.get('bytes')}: truncated or overwritten")
-    if file_digest(path) != meta.get("digest"):
-        raise DataFormatError(path, None, "its bytes do not match the digest in its manifest: the file is corrupt")
-    return meta
-
-
 def write_vectors(directory: Path, chunks: Iterable[np.ndarray], n: int, dim: int, meta: Optional[dict] = None,
                   progress: Optional[Callable[[int], None]] = None) -> Path:
     """Write ``n`` x ``dim`` float32 rows, streamed from ``chunks``, as ``directory/vectors.npy`` plus a manifest.
@@ -524,7 +465,7 @@ def write_vectors(directory: Path, chunks: Iterable[np.ndarray], n: int, dim: in
     del out
     if pos != n:
         raise ValueError(f"got {pos} vectors, expected {n}")
-    _write_manifest(directory, VECTORS_FILE, {"n": int(n), "dim": int(dim), **(meta or {})})
+    write_manifest(directory, FOLDER_FORMAT, [VECTORS_FILE], {"n": int(n), "dim": int(dim), **(meta or {})})
     return path
 
 
@@ -534,7 +475,7 @@ def open_vectors(directory: Path, n: Optional[int] = None, dim: Optional[int] = 
     Raises :class:`DataFormatError` naming the file when it is truncated, corrupt or not
     the expected shape.
     """
-    meta = _read_manifest(directory, VECTORS_FILE)
+    meta = read_manifest(directory, FOLDER_FORMAT, [VECTORS_FILE])
     path = Path(directory) / VECTORS_FILE
     try:
         vectors = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -574,13 +515,13 @@ def write_index_dir(faiss, index, directory: Path, spec: dict, meta: Optional[di
     """Write ``index`` as ``directory/index.faiss`` plus a manifest recording ``spec``."""
     path = Path(directory) / INDEX_FILE
     faiss.write_index(index, str(path))
-    _write_manifest(directory, INDEX_FILE, {"n": int(index.ntotal), "spec": spec, **(meta or {})})
+    write_manifest(directory, FOLDER_FORMAT, [INDEX_FILE], {"n": int(index.ntotal), "spec": spec, **(meta or {})})
     return path
 
 
 def open_index_dir(faiss, directory: Path, spec: Optional[dict] = None, n: Optional[int] = None):
     """The index of a folder written by :func:`write_index_dir`, memory-mapped; checked against ``spec`` and ``n``."""
-    meta = _read_manifest(directory, INDEX_FILE)
+    meta = read_manifest(directory, FOLDER_FORMAT, [INDEX_FILE])
     path = Path(directory) / INDEX_FILE
     if spec is not None and meta.get("spec") != spec:
         raise DataFormatError(path, None, f"built with {meta.get('spec')}, expected {spec}")
@@ -592,48 +533,6 @@ def open_index_dir(faiss, directory: Path, spec: Optional[dict] = None, n: Optio
         raise DataFormatError(path, None, f"holds a {kind} index of {index.ntotal} x {index.d}, "
                                           f"expected {spec.get('kind')} {want_n} x {spec.get('dim')}")
     return index
-
-
-def _discard(directory: Path) -> None:
-    """Move a bad cached folder aside (a build folder name, so a later sweep finds leftovers) and delete it."""
-    from twice_envs._cache import build_dir
-
-    trash = build_dir(directory)
-    try:
-        Path(directory).replace(trash)
-    except FileNotFoundError:  # another process discarded it first
-        pass
-    shutil.rmtree(trash, ignore_errors=True)
-
-
-def cached(directory: Path, open_fn: Callable[[Path], object], build_fn: Callable[[Path], None], what: str):
-    """``open_fn(directory)``, building the folder first (``build_fn(tmp)``, then an atomic rename) if needed.
-
-    A folder that fails ``open_fn`` with :class:`DataFormatError` is discarded with a
-    warning naming the bad file and built again; a fresh build that still fails raises.
-    """
-    from twice_envs._cache import build_dir, publish_dir
-
-    directory = Path(directory)
-    for attempt in range(2):
-        if (directory / MANIFEST).exists():
-            try:
-                return open_fn(directory)
-            except DataFormatError as exc:
-                if attempt:
-                    raise
-                warnings.warn(f"cached {what} unusable, rebuilding it: {exc}", RuntimeWarning, stacklevel=3)
-                _discard(directory)
-        elif directory.exists():  # a folder without its manifest is not ours to trust
-            _discard(directory)
-        tmp = build_dir(directory)
-        try:
-            build_fn(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        publish_dir(tmp, directory, MANIFEST)
-    return open_fn(directory)
 
 
 # ----------------------------------------------------------------------------- placement
@@ -708,7 +607,6 @@ class DenseRetriever(Retriever):
     kind = "dense"
 
     def __init__(self, corpus: CorpusStore, params: DenseParams = DenseParams()) -> None:
-        from twice_envs._cache import cache_dir
         from twice_envs._deps import require
 
         faiss = self.faiss = require("faiss", "dense", "dense retrieval")

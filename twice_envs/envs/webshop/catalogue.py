@@ -46,6 +46,7 @@ from typing import Any, BinaryIO, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
+from twice_envs._cache import read_json
 from twice_envs.errors import DataFormatError
 
 #: Bump when the cached record layout, the cache files or normalisation change.
@@ -684,16 +685,9 @@ class FlatFiles:
         """
         directory = Path(directory)
         mpath = directory / MANIFEST
-        try:
-            raw = mpath.read_bytes()
-        except FileNotFoundError:
-            raise DataFormatError(mpath, None, "missing: the cache folder was never finished") from None
-        except OSError as exc:
-            raise DataFormatError(mpath, None, f"unreadable: {exc}") from None
-        try:
-            m = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise DataFormatError(mpath, None, f"not a cache manifest (invalid JSON: {exc})") from None
+        if not directory.is_dir():
+            raise DataFormatError(directory, None, "not a folder (a cache folder was expected here)")
+        m = read_json(mpath, "missing: the cache folder was never finished")
         if not isinstance(m, dict) or m.get("magic") != _MAGIC:
             raise DataFormatError(mpath, None, "not a twice_envs cache manifest")
         if m.get("format") != fmt:

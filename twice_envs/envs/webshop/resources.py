@@ -13,26 +13,27 @@
   building at once keep the first); inside, every file is written to a temporary name
   and renamed, and ``manifest.json`` (sizes, checksums, array types, format version) is
   written last. Loading checks all of it first: a truncated, corrupt, foreign or
-  other-version file raises :class:`~twice_envs.errors.DataFormatError` naming the file,
-  and :func:`load_catalogue` then discards the folder and rebuilds it (with a
-  ``RuntimeWarning`` saying which file was bad). A file is never read unchecked.
+  other-version file, a missing or unparseable manifest, or a file where the folder
+  belongs raises :class:`~twice_envs.errors.DataFormatError` naming the file, and
+  :func:`load_catalogue` then discards the folder and rebuilds it (with a
+  ``RuntimeWarning`` saying which file was bad; :func:`twice_envs._cache.cached`). A file
+  is never read unchecked. The user's own data files are never part of the cache: one
+  that is gone raises ``FileNotFoundError`` naming it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, TypeVar
+from typing import Optional
 
 import numpy as np
 
+from twice_envs._cache import cache_dir, cached
 from twice_envs.envs.webshop import catalogue_gen
 from twice_envs.envs.webshop.catalogue import (
     CACHE_FORMAT,
@@ -54,8 +55,6 @@ from twice_envs.envs.webshop.goals import GoalSet, GoalTable, synthetic_table, s
 from twice_envs.envs.webshop.search import ANALYZER_VERSION, INDEX_ARRAYS, IndexBuilder, SearchIndex
 from twice_envs.errors import DataFormatError
 
-
-T = TypeVar("T")
 #: Progress of cache builds (INFO: every 100,000 products and each stage).
 log = logging.getLogger("twice_envs.webshop")
 
@@ -144,8 +143,6 @@ def cache_folder(
     """The cache folder of these data files and options (it may not exist yet)."""
     key = file_key(products_path, attributes_path, extra={"n": num_products, "analyzer": ANALYZER_VERSION})
     if cache_root is None:
-        from twice_envs._cache import cache_dir
-
         return cache_dir("webshop") / key
     return Path(cache_root) / key
 
@@ -168,39 +165,13 @@ def load_catalogue(
     human = {}
     if human_path:
         human = parse_human_instructions(load_json_object(human_path, "a list of instructions"), human_path)
-    return open_or_build(
+    return cached(
         root,
-        lambda tmp: build_cache(tmp, products_path, attributes_path, num_products, root.name),
         lambda folder: open_cache(verify_cache(folder), human, str(products_path)),
+        lambda tmp: build_cache(tmp, products_path, attributes_path, num_products, root.name),
+        "WebShop catalogue",
+        marker=MANIFEST,
     )
-
-
-def open_or_build(root: Path, build: Callable[[Path], None], opener: Callable[[Path], T]) -> T:
-    """``opener(root)``, first building the cache folder ``root`` with ``build(tmp_folder)`` when
-    it is missing, or again when ``opener`` finds a file of it bad.
-
-    A bad folder (``opener`` raised :class:`DataFormatError`) is moved aside and rebuilt,
-    with a ``RuntimeWarning`` naming the file that was bad. A fresh build that fails to
-    open raises.
-    """
-    from twice_envs._cache import build_dir, publish_dir
-
-    root = Path(root)
-    if root.exists():
-        try:
-            return opener(root)
-        except DataFormatError as exc:
-            if not root.is_dir() or any(root.iterdir()):  # an empty folder is just not built yet
-                warnings.warn(f"WebShop cache file unusable, rebuilding the cache: {exc}", RuntimeWarning, stacklevel=3)
-                discard_folder(root)
-    tmp = build_dir(root)
-    try:
-        build(tmp)
-        publish_dir(tmp, root, MANIFEST)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return opener(root)
 
 
 def verify_cache(root: Path) -> FlatFiles:
@@ -213,16 +184,6 @@ def verify_cache(root: Path) -> FlatFiles:
             f"belongs to another data set (key {meta.get('key')!r}, this folder is {Path(root).name!r})",
         )
     return files
-
-
-def discard_folder(root: Path) -> None:
-    """Move ``root`` aside (one rename, so readers see it whole or gone), then delete it."""
-    trash = Path(tempfile.mkdtemp(prefix=f".{root.name}.discard-", dir=root.parent))
-    try:
-        os.replace(root, trash / "old")
-    except FileNotFoundError:
-        pass  # another process moved it first
-    shutil.rmtree(trash, ignore_errors=True)
 
 
 def open_cache(files: FlatFiles, human: dict, source: str) -> tuple[Catalogue, SearchIndex, GoalTable]:
