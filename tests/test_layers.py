@@ -49,6 +49,7 @@ AGENT_RANKS = {
     "twice_envs.agents.models": 5,
     "twice_envs.agents.lab": 6,
     "twice_envs.agents.bench": 7,
+    "twice_envs.agents.gpu_check": 7,
     "twice_envs.agents.cli": 8,
 }
 #: Declared composition edges: (importing module prefix, target prefix) pairs a string entry
@@ -286,3 +287,94 @@ def test_entry_points_are_seen_and_resolve():
                for m, t in seen)
     for _, target in seen:
         assert importlib.util.find_spec(target) is not None, target
+
+
+# --- startup: what runs while ``import twice_envs`` is half done, and imports inside core functions
+
+#: Words one of which a comment must say for an import inside a core function: the import
+#: would close an import cycle, or it loads an optional dependency only the caller needs.
+REASONS = ("cycle", "optional")
+
+
+def startup_modules(root: Path = ROOT) -> list[tuple[str, Path]]:
+    """The modules ``import twice_envs`` runs before the package is bound: the built-in envs'
+    package, each env's ``__init__`` and its ``specs`` (which registers its ids)."""
+    envs = root / "twice_envs" / "envs"
+    paths = [envs / "__init__.py", *sorted(envs.glob("*/__init__.py")), *sorted(envs.glob("*/specs.py"))]
+    return [(m, p) for m, p in modules(root, {"twice_envs": "twice_envs"}) if p in paths]
+
+
+def package_imports(module: str, path: Path) -> list[str]:
+    """``file:line`` of each module-level import of the ``twice_envs`` package itself (not one of its modules)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    top = {id(n) for n in tree.body}
+    lines = {line for line, target in imports(module, path) if target == "twice_envs"}
+    return [f"{'/'.join(path.parts[-2:])}:{n.lineno}" for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) in top and n.lineno in lines]
+
+
+def unexplained_imports(path: Path) -> list[str]:
+    """``line: source`` of each import inside a function with no comment naming a :data:`REASONS` word,
+    on its line or in the comments just above it (a comment may head a group of imports)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    tree = ast.parse("\n".join(lines), filename=str(path))
+    out = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                continue
+            said, i = [lines[node.lineno - 1].partition("#")[2]], node.lineno - 2
+            while i >= 0 and lines[i].strip().startswith(("#", "import ", "from ")):
+                said.append(lines[i].partition("#")[2])
+                i -= 1
+            if not any(word in " ".join(said).lower() for word in REASONS):
+                out.append(f"{'/'.join(path.parts[-2:])}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return out
+
+
+def core_paths(root: Path = ROOT) -> list[Path]:
+    return [p for m, p in modules(root, {"twice_envs": "twice_envs"}) if rank(m) == 0]
+
+
+def test_startup_imports_the_registry_not_the_half_built_package():
+    """An env's ``specs`` registers through :mod:`twice_envs.registry`: ``import twice_envs`` is
+    still running when it does, so the package has no names bound yet."""
+    seen = startup_modules()
+    assert sum(p.name == "specs.py" for _, p in seen) >= 5
+    assert [where for m, p in seen for where in package_imports(m, p)] == []
+
+
+def test_every_env_folder_registers_its_ids():
+    import twice_envs
+
+    folders = {p.parent.name for _, p in startup_modules() if p.name == "specs.py"}
+    registered = {str(s.entry_point).split(".")[2] for s in twice_envs.registry.values()
+                  if str(s.entry_point).startswith("twice_envs.envs.")}
+    assert folders <= registered
+
+
+def test_imports_inside_core_functions_say_why():
+    paths = core_paths()
+    assert {"core.py", "replay.py", "check.py", "layout.py", "cli.py"} <= {p.name for p in paths}
+    assert [line for p in paths for line in unexplained_imports(p)] == []
+
+
+def test_the_startup_scans_see_a_planted_package_import_and_an_unexplained_import(tmp_path):
+    env = tmp_path / "twice_envs" / "envs" / "toy"
+    env.mkdir(parents=True)
+    (tmp_path / "twice_envs" / "envs" / "__init__.py").write_text("")
+    (env / "__init__.py").write_text("")
+    (env / "specs.py").write_text(
+        "import twice_envs\nfrom twice_envs import register\nfrom twice_envs.registry import register\n"
+        "def f():\n    import twice_envs\n")
+    (seen,) = [(m, p) for m, p in startup_modules(tmp_path) if p.name == "specs.py"]
+    assert package_imports(*seen) == ["toy/specs.py:1", "toy/specs.py:2"]
+    core = tmp_path / "twice_envs" / "mod.py"
+    core.write_text(
+        "def f():\n    import json\n"
+        "def g():\n    # optional: torch is only needed here\n    import torch\n    import torch.nn\n"
+        "def h():\n    from twice_envs import check  # an import cycle: check imports this module\n"
+        "def k():\n    x = 1  # optional\n    import pickle\n")
+    assert unexplained_imports(core) == ["twice_envs/mod.py:2: import json", "twice_envs/mod.py:11: import pickle"]

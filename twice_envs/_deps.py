@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from twice_envs.errors import MissingExtra
@@ -18,6 +19,4 @@ def require(module: str, extra: str, what: str = "") -> ModuleType:
 
 def available(module: str) -> bool:
     """Whether ``module`` can be imported (without importing it twice)."""
-    import importlib.util
-
     return importlib.util.find_spec(module) is not None

@@ -41,7 +41,7 @@ def rss_bytes(pid: Union[int, str] = "self") -> int:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    import resource
+    import resource  # optional: a Unix-only module, needed only where /proc is missing
 
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024

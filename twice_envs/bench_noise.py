@@ -22,6 +22,9 @@ import statistics
 import time
 from typing import Callable, List, Sequence
 
+from twice_envs import noise
+from twice_envs._deps import require
+
 DEFAULT_VOCABS = (32000, 49152, 151936)
 DEFAULT_BATCHES = (1, 8, 64)
 
@@ -74,8 +77,6 @@ def _median_times(
 
 def main(argv: Sequence[str] = ()) -> int:
     args = _parse(list(argv))
-    from twice_envs._deps import require
-
     torch = require("torch", "torch", "twice bench noise")
     threads_before = torch.get_num_threads()
     if args.threads:
@@ -87,8 +88,6 @@ def main(argv: Sequence[str] = ()) -> int:
 
 
 def _run(args: argparse.Namespace, torch) -> int:
-    from twice_envs import noise
-
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("twice bench noise: no CUDA device here; use --device cpu")

@@ -30,11 +30,13 @@ reproduce it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -42,6 +44,9 @@ import numpy as np
 
 from twice_envs.core import TextEnv, twin_step
 from twice_envs.errors import ReplayDivergence, TwiceError
+from twice_envs.registry import registry
+from twice_envs.replay import replay
+from twice_envs.trajectory import Trajectory, load_trajectories, save_trajectories
 
 def bad_actions() -> list[str]:
     """Malformed turns every env must survive (over 80): each must give a clear observation.
@@ -213,8 +218,6 @@ def check_env(
             different ``PYTHONHASHSEED``.
         max_forks: turns per episode at which forks are checked.
     """
-    from twice_envs.trajectory import Trajectory, load_trajectories, save_trajectories
-
     base = getattr(env, "unwrapped", env)
     if not isinstance(base, TextEnv):
         _fail("check_env needs a twice_envs TextEnv")
@@ -335,8 +338,6 @@ def check_env(
     report.passed.append(f"step time linear in the action's length (worst 1 MiB / 64 KiB ratio {ratios[worst]:.1f}, {worst!r})")
 
     # JSON round trip and replay
-    from twice_envs.replay import replay
-
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "episodes.jsonl")
         save_trajectories(path, episodes)
@@ -390,10 +391,6 @@ def probe_bad_actions(
     ``info["invalid"]`` (bool), an invalid one must say something (a non-empty
     observation), and each must take under ``max_step_s`` seconds.
     """
-    import time
-
-    from twice_envs.trajectory import Trajectory
-
     probe = BadActionProbe()
 
     def keep() -> None:
@@ -438,9 +435,6 @@ def check_linear_time(
     Times are the thread's CPU time, best of ``repeats`` (robust on a loaded machine); returns the
     ratio per shape.
     """
-    import gc
-    import time
-
     def timed_step(text: str) -> float:
         env.reset(seed=seed, options=options)
         enabled = gc.isenabled()
@@ -478,8 +472,6 @@ def replay_in_subprocess(record: dict, hashseed: str = "12345", imports: Sequenc
     Modules that register the env (``imports``; by default the env's entry-point
     module) are imported first in the child.
     """
-    from twice_envs.registry import registry
-
     spec = registry.get(record["env_id"])
     mods = list(imports)
     entry = None

@@ -7,9 +7,14 @@ the commands that need it.
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import importlib
 import sys
 from typing import Optional, Sequence
+
+import twice_envs
+from twice_envs.errors import TwiceError
 
 #: command -> ("module:function", one-line help). ``bench`` has its own table.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -26,6 +31,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("twice_envs.agents.lab.plots:plot_main", "plot learning curves of several runs"),
     "demo": ("twice_envs.agents.bench.demo:demo_main", "the main job: train GRPO and Twice on the embedded default"),
     "view": ("twice_envs.agents.view.cli:view_main", "write an HTML explorer of episodes, twins, curves and audits"),
+    "check-gpu": ("twice_envs.agents.gpu_check.cli:check_gpu_main",
+                  "check the keyed sampler and a build on a CUDA GPU (--bundle DIR: wheels for an offline machine)"),
 }
 
 BENCHES: dict[str, str] = {
@@ -68,12 +75,8 @@ def _usage() -> str:
 
 def envs_main(argv: Sequence[str]) -> int:
     """``twice envs``: one line per registered id."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="twice envs", description="List registered env ids.")
     parser.parse_args(argv)
-    import twice_envs
-
     width = max(map(len, twice_envs.registry), default=0)
     for env_id in sorted(twice_envs.registry):
         print(f"{env_id.ljust(width)}  {twice_envs.descriptions.get(env_id, '')}")
@@ -87,8 +90,6 @@ def bench_main(argv: Sequence[str]) -> int:
         return 0 if argv else 2
     name, rest = argv[0], list(argv[1:])
     if name not in BENCHES:
-        import difflib
-
         close = difflib.get_close_matches(name, list(BENCHES), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         print(f"twice bench: unknown benchmark '{name}'.{hint} Known: {', '.join(BENCHES)}", file=sys.stderr)
@@ -103,14 +104,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        import difflib
-
         close = difflib.get_close_matches(cmd, list(COMMANDS), n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
         print(f"twice: unknown command '{cmd}'.{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
-    from twice_envs.errors import TwiceError
-
     try:
         return int(_load(COMMANDS[cmd][0])(rest) or 0)
     except TwiceError as exc:

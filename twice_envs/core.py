@@ -59,6 +59,7 @@ import numpy as np
 
 from twice_envs.errors import EnvClosedError, ReplayDivergence, TwiceError
 from twice_envs.keys import NoiseKey, NoiseSchedule, check_seed, derive_episode_seed, draw_seed
+from twice_envs.registry import make
 from twice_envs.trajectory import Trajectory, canonical_json, reset_digest, step_digest
 
 #: Reset options the base class consumes itself (not passed to ``_reset``).
@@ -486,8 +487,6 @@ class TextEnv(gymnasium.Env[str, str]):
                 f"cannot fork an unregistered {type(self).__name__}: create it with twice_envs.make(...) "
                 "or register it with twice_envs.register(...)"
             )
-        from twice_envs.registry import make
-
         return make(self.spec.id, **self.spec.kwargs)
 
     def fork(self, turn: Optional[int] = None) -> "TextEnv":

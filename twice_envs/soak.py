@@ -36,6 +36,10 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+import twice_envs
+from twice_envs.tools import shared_journals
+from twice_envs.trajectory import atomic_write_text
+
 _WORD = re.compile(r"[A-Za-z][A-Za-z'-]{2,}")
 _PLACEHOLDER = re.compile(r"<[^<>]*>")
 _TAG = re.compile(r"^</([A-Za-z_][\w-]*)>$")
@@ -56,13 +60,13 @@ def rss_bytes() -> tuple[Optional[int], str]:
     except OSError:
         pass
     try:
-        import psutil
+        import psutil  # optional: the bench extra installs it
 
         return int(psutil.Process().memory_info().rss), "psutil"
     except ImportError:
         pass
     try:
-        import resource
+        import resource  # optional: a Unix-only module
 
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return int(peak if sys.platform == "darwin" else peak * 1024), "resource (peak)"
@@ -95,8 +99,6 @@ def os_threads() -> Optional[int]:
 def sample(step: int, t0: float) -> dict:
     """One sample of the process: step, seconds, RSS bytes, open fds, Python and OS threads,
     and the accounted bytes of the process-wide tool journals' memory layers."""
-    from twice_envs.tools import shared_journals
-
     gc.collect()
     rss, _ = rss_bytes()
     return {
@@ -164,9 +166,6 @@ def run_soak(
     ``journal_memory_bytes`` sets the byte cap of the process-wide tool journals (those
     of :func:`twice_envs.tools.shared_journal`) once the env is made.
     """
-    import twice_envs
-    from twice_envs.tools import shared_journals
-
     if steps < 1 or samples < 1 or fork_every < 0 or fork_steps < 0:
         raise ValueError("steps and samples must be >= 1, fork_every and fork_steps >= 0")
     warmup = steps // 5 if warmup is None else int(warmup)
@@ -224,8 +223,6 @@ def run_soak(
 
 
 def _journal_memory() -> list[dict]:
-    from twice_envs.tools import shared_journals
-
     return [
         {"path": None if j.path is None else str(j.path), "entries": j.memory_entries,
          "bytes": j.memory_bytes_used, "cap": j.memory_bytes}
@@ -349,8 +346,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parts.append(f"{name} flat ({r[name + '_warm']} -> {r[name + '_end']}): {words[ok]}")
     print("verdict: " + ", ".join(parts))
     if args.json:
-        from twice_envs.trajectory import atomic_write_text
-
         atomic_write_text(args.json, json.dumps(result, indent=1) + "\n")
         print(f"written: {args.json}")
     return 0 if all(checks.values()) else 1

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from twice_envs._deps import require
 from twice_envs.keys import NoiseKey, UINT32_MAX, UINT64_MAX
 
 if TYPE_CHECKING:  # torch is optional: imported inside the torch functions
@@ -198,8 +199,6 @@ _TORCH = None
 def _torch():
     global _TORCH
     if _TORCH is None:
-        from twice_envs._deps import require
-
         _TORCH = require("torch", "torch", "keyed noise in torch")
     return _TORCH
 

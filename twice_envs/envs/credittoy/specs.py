@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import twice_envs
+from twice_envs.registry import register
 
-twice_envs.register(
+register(
     "CreditToy-v0",
     "twice_envs.envs.credittoy.env:CreditToyEnv",
     description="credit lab: three choices of four actions, exact advantages",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import twice_envs
+from twice_envs.registry import register
 
 _ENTRY = "twice_envs.envs.searchqa.env:SearchQAEnv"
 
@@ -16,4 +16,4 @@ VARIANTS: dict[str, tuple[dict, str]] = {
 }
 
 for _id, (_kwargs, _desc) in VARIANTS.items():
-    twice_envs.register(_id, _ENTRY, kwargs=_kwargs, description=_desc, override=True)
+    register(_id, _ENTRY, kwargs=_kwargs, description=_desc, override=True)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import twice_envs
+from twice_envs.registry import register
 
-twice_envs.register(
+register(
     "SearchToy-v0",
     "twice_envs.envs.searchtoy.env:SearchToyEnv",
     description="credit lab: multi-hop search MDP with exact values (3 facts, 8 queries, 4 useful, horizon 10)",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import twice_envs
+from twice_envs.registry import register
 
-twice_envs.register(
+register(
     "TextLab-v0",
     "twice_envs.envs.textlab.env:TextLabEnv",
     description="credit lab: SearchToy's world with multi-line text turns (the action is a turn's last line)",

@@ -1,17 +1,17 @@
 """Registers the WebShop env ids (entry points are strings: nothing heavy is imported)."""
 
-import twice_envs
+from twice_envs.registry import register
 
 _ENTRY = "twice_envs.envs.webshop.env:WebShopEnv"
 
-twice_envs.register(
+register(
     "WebShop-v0",
     _ENTRY,
     description="WebShop text mode: search, browse and buy to match an instruction (embedded generated catalogue)",
     max_episode_steps=15,
     override=True,
 )
-twice_envs.register(
+register(
     "WebShopTest-v0",
     _ENTRY,
     kwargs={"split": "test"},
