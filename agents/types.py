@@ -12,6 +12,10 @@ from typing import Optional
 
 from twice_envs.keys import NoiseKey
 
+#: The noise branch a grown episode's first own turn is drawn on (:meth:`EpisodeRecord.grow`): never a twin's
+#: ``1 .. K``, so a twin of that turn draws its alternative independently of it.
+GROWN_BRANCH = 2**31 - 1
+
 
 @dataclass
 class TurnRecord:

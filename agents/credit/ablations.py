@@ -27,6 +27,8 @@ ABLATIONS: dict[str, tuple[str, Callable[[TwiceConfig], TwiceConfig]]] = {
     "star": ("K = 2 alternatives share the factual noise", lambda c: replace(c, star=2)),
     "cost-calibration": ("c_t scaled by realised / planned tokens of earlier updates",
                          lambda c: replace(c, cost_calibration=True)),
+    "published-cost-proxy": ("a twin planned at c_t, not at the twin cost ratio x c_t",
+                             lambda c: replace(c, cost_ratio=False)),
 }
 
 

@@ -1,316 +1,258 @@
-"""AT2PO credit (Zong et al. 2026, arXiv 2601.04767): entropy-guided tree expansion, turn values from the tree.
+"""AT2PO (Zong et al. 2026, arXiv 2601.04767): entropy-guided tree expansion, every turn credited with its node's value.
 
-AT2PO grows a turn-level tree per task (its nodes are agent turns, its root the prompt),
-chooses where to branch by the policy's uncertainty, and credits every turn with the
-value of its subtree. Here the trees grow from the factual batch, with tree.py's nodes,
-forks and runners:
+AT2PO grows one turn-level tree per task: ``M`` chains from the prompt, then ``L`` iterations of
+expansions, each leaf a training path. A node is a turn of a path (its state and the turn taken
+there); the leaf of a path is its last turn. Its rules, as published (Algorithm 1 and Eq. 2-3) and
+in the released code (``sample_expansion_nodes`` with ``expansion_mode=entropy``, its training
+script's ``node_value_mode`` and ``node_adv_mode``):
 
-* a **node** ``(i, t)`` is turn ``t`` of factual episode ``i``, ``1 <= t <= T_i - 2``: the
-  non-leaf turns (the last turn ``T_i - 1`` is the leaf; turn 0 hangs off the root, whose other
-  children are the group's other factual episodes);
-* **expanding** a node gives it ``width`` siblings: each takes another turn ``t`` from the
-  boundary ``s_t`` and continues to the end of its episode (tree.py's independent siblings,
-  the context's ``values`` runner, fresh noise), with utility ``U'``;
-* **entropy-guided expansion**: the node's score is
+* **candidates**: every non-leaf node of the tree, including the nodes of earlier expansions;
+* **score**: ``H(n) - alpha (b(n) - 1)``, ``H(n) = -(1 / |y|) sum log pi(token)`` the turn's
+  Monte Carlo entropy (from ``TurnRecord.logprobs``) and ``b(n)`` the branches at the state the
+  turn was taken from (the children of the node's parent, itself included), ``alpha = 0.05``;
+* **expansion**: each iteration takes the top ``K`` scores of every tree and rolls a new path out
+  from each chosen node's state, taking its turn afresh (a new sibling of the node; the paper's
+  "fork the state ``s_{i,j}`` and regenerate the remainder");
+* **values**: a leaf's value is its outcome normalised by GRPO's mean and standard deviation over
+  the tree's leaves; a node's value is ``sum_c w_c V_c`` over its children with ``w_c = H(c) /
+  sum_c' H(c')`` (Eq. 3, the paper's best; ``aggregate="entropy_softmax"``: the released script's
+  softmax of the children's entropies; ``"mean"``: their mean);
+* **advantage**: ``A_n = V_n`` on every token of the node's turn (the paper's main setting), in
+  every path through the node.
 
-      score(i, t) = H(i, t) - alpha m(i, t),      H(i, t) = -(1 / |y_t|) sum_{tokens of turn t} log pi(token)
+Here the tree is the training batch, within GRPO's tokens: the method is registered with a root
+share of :data:`ROOT_SHARE` (0.6, the published 10 initial chains of a budget of 16; 3 of GRPO's 5),
+and the expansion budget is GRPO's tokens less the roots', ``(1 / share - 1)`` x the roots' tokens.
+Iterations of top-``K`` expansions (``K = 2`` per tree) continue while the tokens truly generated
+stay below the budget; within an iteration, picks are counted at their planned cost, their path's
+tokens from that turn on, and the pick whose cost crosses what is left is kept by a coin of
+probability ``left / cost`` and ends the iteration (and the growth, when the iteration added
+nothing). A fixed ``iterations`` runs exactly that many and is refused, naming the largest ``K``
+that fits, when its expected planned tokens exceed the budget. Expansions are independent (fresh
+noise from the node, the ``branches`` runner); the new paths' tokens are the step's auxiliary
+tokens.
 
-  (the paper's Monte Carlo estimate of the turn's entropy from ``TurnRecord.logprobs``; ``m`` is the
-  number of times the node has been expanded so far). Each iteration takes the ``k`` highest
-  scores of every tree (a task group), in score order across trees, and iterations continue until
-  the planned sibling tokens reach the budget ``beta`` x the batch's policy tokens; the expansion
-  that crosses the budget is kept by a coin of probability ``(budget - planned) / cost`` and ends
-  the plan, so the expected planned tokens equal the budget (as tree.py's partial level). A
-  fixed number of ``iterations`` instead runs exactly that many and refuses a ``k`` whose plan
-  exceeds the budget, naming the largest ``k`` that fits.
-
-**Turn-wise credit.** The leaves of tree ``g`` are its factual utilities ``U_i`` and its
-siblings' ``U'``; each is normalised by the tree's leaves,
-
-    U~ = (U - mean_g) / (std_g + 1e-6),
-
-and the value of a node is bootstrapped from its children, bottom up:
-
-    V(i, T_i - 1) = U~_i
-    V(i, t)       = agg( V(i, t + 1), U~'_1 .. U~'_n )     (n siblings at s_{t + 1}; agg = mean by default)
-
-(a sibling is a chain to its own leaf, so its node's value is its ``U~'``). The advantage of factual
-turn ``t`` is its value, ``A_t = V(i, t)`` (``advantage="value"``), or its value against its
-parent's, ``A_t = V(i, t) - V(i, t - 1)`` with ``V(root_g)`` the mean of the tree's turn-0 values
-before turn 0 (``advantage="diff_parent"``). Unexpanded episodes get ``A_t = U~_i`` on every turn.
-
-What the published method says that we follow: top-K highest-entropy non-leaf nodes per
-iteration, the mean negative log-prob estimator, a penalty ``alpha`` on nodes already expanded,
-values by Monte Carlo bootstrapping over descendants, and each turn's value used as its advantage
-(the variant the paper reports best; its released training script sets the same, with leaf
-rewards normalised within each tree, ``alpha = 0.05``, one branch per chosen node).
-
-Where the paper is silent or our framework differs, our reading:
-
-* **only factual nodes are expanded.** In the paper a sibling becomes a node that later
-  iterations may expand; our runners fork a factual episode's boundary (the lab's runner holds
-  the factual episodes' envs, the LLM runner replays factual turns), not a sibling, so later
-  iterations re-expand factual nodes (the penalty ``alpha m`` spreads them) and siblings stay
-  chains. Their entropies are the factual turns', computed once.
-* **siblings are auxiliary rollouts**: they enter the values of the factual turns above them
-  and are not trained on themselves (as tree.py's siblings and Twice's twins), whereas the
-  paper trains on every leaf of its tree.
-* **the budget** is ``beta`` x the batch's policy tokens (tree.py's, ``beta`` from the context's
-  twin settings), a node's cost is ``width`` x its factual tokens from turn ``t`` on (at least 1);
-  the paper fixes the iterations and K instead (our ``iterations`` option).
-* **the aggregate** is the children's mean (an unbiased Monte Carlo value of the boundary under
-  the sampling policy); the released script weights children by a softmax of their turn entropies
-  (``aggregate="entropy_softmax"``, offered, not the default: it tilts a value toward uncertain
-  children).
-* **the scale** is each tree's own (mean and standard deviation of its leaves, siblings
-  included), as the released code normalises; no GRPO group term is added (the normalised value
-  already plays its part).
-* **ties** among equal scores go to the earlier episode and turn.
-* **the ATPO objective** (a per-turn importance ratio ``exp(mean over the turn's tokens of the
-  log-ratio)``, clipped per turn) is a change of the loss, not of the credit, and is not part of
-  this method: :mod:`twice_envs.agents.training.loss` clips per token.
+Where the paper is silent, our reading: a turn with no log-probs has entropy 0; the root (the
+prompt) is not a candidate of its own, its children (every path's first turn) are, so a new chain
+from the prompt is an expansion of a first turn; ties go to the earlier path and turn. The ATPO
+objective (a per-turn importance ratio, clipped per turn) changes the loss, not the credit, and is
+not part of this method (:mod:`twice_envs.agents.training.loss` clips per token).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, register_credit
-from twice_envs.agents.credit.tree import require_forkable, run_siblings, sibling_outcomes
-from twice_envs.agents.credit.twice import TwiceConfig, policy_tokens
+from twice_envs.agents.credit.grpo import episode_advantages
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, register_credit
+from twice_envs.agents.credit.tree import Forest, expansion_budget, require_forkable
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 
-AGGREGATES = ("mean", "entropy_softmax")
-ADVANTAGES = ("value", "diff_parent")
-
-
-def _positive_int(name: str, v, optional: bool = False) -> None:
-    if optional and v is None:
-        return
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"at2po {name} must be {'None or ' if optional else ''}an integer >= 1, got {v!r}")
+#: AT2PO's initial chains per task as a share of GRPO's group size (published: 10 of a budget of 16).
+ROOT_SHARE = 0.6
+AGGREGATES = ("entropy", "entropy_softmax", "mean")
 
 
 @dataclass(frozen=True)
 class AT2POConfig:
-    """AT2PO's settings (the registered method uses the defaults and the context's ``beta``)."""
+    """AT2PO's settings (the registered method uses the defaults)."""
 
     k: int = 2
-    """Nodes expanded per tree (task group) per iteration: the top-K scores."""
-    width: int = 1
-    """Siblings per expansion (the released code branches once per chosen node)."""
+    """Nodes expanded per tree per iteration: the top-K scores (published: 6 with 10 initial chains)."""
     alpha: float = 0.05
-    """Branching penalty: a node's score drops by ``alpha`` per time it was expanded."""
+    """Branching penalty per branch already at the node's state."""
     iterations: Optional[int] = None
-    """Expansion iterations (None: as many as the budget pays for, the last one in part). A fixed
-    count whose siblings exceed the budget is refused."""
-    beta: Optional[float] = None
-    """Budget: planned sibling tokens = beta x the batch's policy tokens (None: the context's twin
-    budget, ``TwiceConfig.beta``)."""
-    aggregate: str = "mean"
-    """How a node's value combines its children's: ``mean`` or ``entropy_softmax``."""
-    advantage: str = "value"
-    """``value`` (``A_t = V(i, t)``) or ``diff_parent`` (``A_t = V(i, t) - V(i, t - 1)``)."""
+    """Expansion iterations (None: as many as GRPO's tokens pay for, the last one in part); a fixed count
+    whose expected tokens exceed the budget is refused."""
+    aggregate: str = "entropy"
+    """How a node's value combines its children's: ``entropy`` (Eq. 3), ``entropy_softmax`` or ``mean``."""
 
     def __post_init__(self) -> None:
-        _positive_int("k", self.k)
-        _positive_int("width", self.width)
-        _positive_int("iterations", self.iterations, optional=True)
+        for name, optional in (("k", False), ("iterations", True)):
+            v = getattr(self, name)
+            if (optional and v is None) or (not isinstance(v, bool) and isinstance(v, (int, np.integer)) and v >= 1):
+                continue
+            raise ValueError(f"at2po {name} must be {'None or ' if optional else ''}an integer >= 1, got {v!r}")
         if not np.isfinite(self.alpha) or self.alpha < 0:
             raise ValueError(f"at2po alpha must be a finite number >= 0, got {self.alpha!r}")
         if self.aggregate not in AGGREGATES:
             raise ValueError(f"at2po aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
-        if self.advantage not in ADVANTAGES:
-            raise ValueError(f"at2po advantage must be one of {ADVANTAGES}, got {self.advantage!r}")
-
-
-def at2po_config(ctx: CreditContext, base: Optional[AT2POConfig] = None) -> AT2POConfig:
-    """``base`` (default :class:`AT2POConfig`) with ``beta`` filled from the context's twin settings."""
-    base = base or AT2POConfig()
-    return base if base.beta is not None else replace(base, beta=(ctx.twice or TwiceConfig()).beta)
-
-
-# --------------------------------------------------------------------------- entropy-guided expansion
 
 
 def turn_entropy(turn: TurnRecord) -> float:
-    """``-mean(log-probs)`` of the turn's tokens (0 for a turn without tokens)."""
+    """``-mean(log-probs)`` of the turn's tokens (0 for a turn without them)."""
     return float(-np.mean(turn.logprobs)) if len(turn.logprobs) else 0.0
 
 
-def candidate_nodes(episodes: Sequence[EpisodeRecord]) -> list[tuple[int, int]]:
-    """Every non-leaf node ``(i, t)``, ``1 <= t <= T_i - 2``, in episode then turn order."""
-    return [(i, t) for i, ep in enumerate(episodes) for t in range(1, len(ep.turns) - 1)]
+# --------------------------------------------------------------------------- the tree over a forest
 
 
-def plan_expansions(episodes: Sequence[EpisodeRecord], k: int, width: int, alpha: float, budget: float,
-                    rng: np.random.Generator, iterations: Optional[int] = None) -> tuple[dict, dict]:
-    """``(counts, figures)``: how many times each node ``(i, t)`` is expanded, and the plan's figures.
+def state_of(forest: Forest, e: int, t: int) -> tuple:
+    """The state a turn ``t`` of path ``e`` is taken from: the task's prompt at ``t = 0``, else shared with the
+    path's source up to the boundary it was grown from, else the path's own."""
+    if t == 0:
+        return ("prompt", forest.episodes[e].group)
+    src = forest.source[e]
+    if src is not None and t <= src[1]:
+        return state_of(forest, src[0], t)
+    return ("state", e, t)
 
-    Each iteration scores every candidate by ``H - alpha m`` (``m``: its expansions so far), takes the
-    top ``k`` of every group and expands them in score order across groups. Without ``iterations``
-    the plan stops at the budget (the crossing expansion kept by a coin, see the module docstring);
-    with it, exactly that many iterations run whatever they cost."""
-    cands = candidate_nodes(episodes)
-    entropy = {(i, t): turn_entropy(episodes[i].turns[t]) for i, t in cands}
-    cost = {(i, t): width * max(1, episodes[i].remaining_tokens(t)) for i, t in cands}
+
+def node_of(forest: Forest, e: int, t: int) -> tuple[int, int]:
+    """The node turn ``t`` of path ``e`` is: its own from the boundary it was grown from on, else its source's."""
+    src = forest.source[e]
+    if src is not None and t < src[1]:
+        return node_of(forest, src[0], t)
+    return (e, t)
+
+
+def own_nodes(forest: Forest) -> list[tuple[int, int]]:
+    """Every node of the forest once: ``(path, turn)`` for the turns a path generated itself."""
+    return [(e, t) for e, ep in enumerate(forest.episodes)
+            for t in range(forest.source[e][1] if forest.source[e] else 0, len(ep.turns))]
+
+
+def branches_at(forest: Forest) -> dict[tuple, int]:
+    """The number of nodes (branches) taken from each state."""
+    out: dict[tuple, int] = {}
+    for e, t in own_nodes(forest):
+        s = state_of(forest, e, t)
+        out[s] = out.get(s, 0) + 1
+    return out
+
+
+def candidates(forest: Forest) -> list[tuple[int, int]]:
+    """The non-leaf nodes (a path's turns but its last), in path then turn order."""
+    return [(e, t) for e, t in own_nodes(forest) if t < len(forest.episodes[e].turns) - 1]
+
+
+def scores(forest: Forest, nodes: Sequence[tuple[int, int]], alpha: float) -> dict[tuple[int, int], float]:
+    """``H(n) - alpha (b(n) - 1)`` for every node of ``nodes``."""
+    b = branches_at(forest)
+    return {(e, t): turn_entropy(forest.episodes[e].turns[t]) - alpha * (b[state_of(forest, e, t)] - 1)
+            for e, t in nodes}
+
+
+def top_k(forest: Forest, k: int, alpha: float) -> list[tuple[int, int]]:
+    """One iteration's picks: the top ``k`` candidates of every tree (task group), then in score order across
+    trees (ties: the earlier path and turn)."""
+    cands = candidates(forest)
+    score = scores(forest, cands, alpha)
     groups: dict = {}
     for n in cands:
-        groups.setdefault(episodes[n[0]].group, []).append(n)
-    counts: dict[tuple[int, int], int] = {}
-    planned, rounds, done = 0.0, 0, not cands
-    while not done and (iterations is None or rounds < iterations):
-        if iterations is None and planned >= budget:
+        groups.setdefault(forest.episodes[n[0]].group, []).append(n)
+    picks = [n for members in groups.values() for n in sorted(members, key=lambda n: (-score[n], n))[:k]]
+    return sorted(picks, key=lambda n: (-score[n], n))
+
+
+def node_cost(forest: Forest, n: tuple[int, int]) -> float:
+    """A new sibling's planned cost: the node's path's tokens from its turn on (at least 1)."""
+    return float(max(1, forest.episodes[n[0]].remaining_tokens(n[1])))
+
+
+# --------------------------------------------------------------------------- growing the tree
+
+
+def grow_tree(roots: Sequence[EpisodeRecord], ctx: CreditContext, config: AT2POConfig, budget: float,
+              method: str) -> tuple[Forest, dict]:
+    """Iterations of top-K expansions under ``budget`` (module docstring); returns the forest and the figures."""
+    forest = Forest.of_roots(roots)
+    trees = len({ep.group for ep in roots})
+    if config.iterations is not None:
+        per_tree: dict = {}
+        for n in candidates(forest):
+            per_tree.setdefault(forest.episodes[n[0]].group, []).append(node_cost(forest, n))
+        expected = config.iterations * float(sum(np.mean(c) for c in per_tree.values()))
+        if config.k * expected > budget:
+            fit = int(budget // expected) if expected > 0 else 0
+            raise ValueError(f"{method}: k {config.k} over {config.iterations} iterations plans about "
+                             f"{config.k * expected:.0f} expansion tokens, over GRPO's budget of {budget:.0f} left "
+                             f"after the roots; the largest k that fits is {fit}"
+                             + (" (none: lower the iterations)" if fit == 0 else ""))
+    planned, spent, rounds, done = 0.0, 0, 0, budget <= 0
+    while not done and (config.iterations is None or rounds < config.iterations):
+        picks, nodes = top_k(forest, config.k, config.alpha), []
+        if not picks:
             break
-        score = {n: entropy[n] - alpha * counts.get(n, 0) for n in cands}
-        picks = []
-        for members in groups.values():
-            picks += sorted(members, key=lambda n: (-score[n], n))[:k]
-        picks.sort(key=lambda n: (-score[n], n))
-        rounds += 1
         for n in picks:
-            if iterations is None and planned + cost[n] > budget:
-                if rng.random() < (budget - planned) / cost[n]:
-                    counts[n] = counts.get(n, 0) + 1
-                    planned += cost[n]
-                done = True
+            cost = node_cost(forest, n)
+            if config.iterations is None and spent + cost > budget:
+                if ctx.rng.random() < (budget - spent) / cost:
+                    nodes.append(n)
+                    planned += cost
+                done = not nodes  # the iteration ends here; the growth too when it added nothing
                 break
-            counts[n] = counts.get(n, 0) + 1
-            planned += cost[n]
-    return counts, {"at2po_iterations": rounds, "expanded_nodes": len(counts),
-                    "expansions": int(sum(counts.values())), "aux_target": float(budget),
-                    "aux_accounted": float(planned),
-                    "mean_entropy_expanded": float(np.mean([entropy[n] for n in counts])) if counts else float("nan"),
-                    "mean_entropy_candidates": float(np.mean(list(entropy.values()))) if cands else float("nan")}
-
-
-def choose_expansions(episodes: Sequence[EpisodeRecord], config: AT2POConfig, rng: np.random.Generator,
-                      method: str) -> tuple[dict, dict]:
-    """:func:`plan_expansions` under ``config`` (``beta`` must be set, :func:`at2po_config`); a fixed
-    ``iterations`` whose plan exceeds the budget raises with the largest ``k`` that fits."""
-    if config.beta is None:
-        raise ValueError("the at2po budget needs beta (fill it from the context with at2po_config)")
-    budget = config.beta * policy_tokens(episodes)
-    counts, figs = plan_expansions(episodes, config.k, config.width, config.alpha, budget, rng, config.iterations)
-    if config.iterations is not None and figs["aux_accounted"] > budget:
-        fits = [k for k in range(1, config.k) if plan_expansions(
-            episodes, k, config.width, config.alpha, budget, rng, config.iterations)[1]["aux_accounted"] <= budget]
-        fit = max(fits, default=0)
-        raise ValueError(f"{method}: k {config.k} x width {config.width} over {config.iterations} iterations plans "
-                         f"{figs['aux_accounted']:.0f} sibling tokens, over the budget of {budget:.0f} (beta "
-                         f"{config.beta} x policy tokens); the largest k that fits is {fit}"
-                         + (" (none: lower the iterations or the width)" if fit == 0 else ""))
-    return counts, figs
+            nodes.append(n)
+            planned, spent = planned + cost, spent + cost  # planned until the paths come back
+        if nodes:
+            grown = ctx.need("branches")(ctx.policy, forest.episodes, nodes, ctx.sampling,
+                                         noise_seed=ctx.noise_seed + 7919 * rounds)
+            forest.add(grown, nodes)
+        spent = sum(ep.num_generated_tokens for ep in forest.episodes[len(roots):])
+        rounds += 1
+        done = done or (config.iterations is None and spent >= budget)
+    expanded = forest.episodes[len(roots):]
+    return forest, {"roots": len(roots), "trees": trees, "at2po_iterations": rounds, "expansions": len(expanded),
+                    "aux_target": float(budget), "aux_accounted": planned, "aux_generated": int(spent),
+                    "mean_entropy_expanded": float(np.mean([turn_entropy(ep.turns[s[1]]) for ep, s in
+                                                            zip(expanded, forest.source[len(roots):])]))
+                    if expanded else float("nan")}
 
 
 # --------------------------------------------------------------------------- turn-wise credit
 
 
-def normalised_leaves(episodes: Sequence[EpisodeRecord], siblings: dict[tuple[int, int], Sequence[float]],
-                      eps: float = 1e-6) -> tuple[np.ndarray, dict[tuple[int, int], np.ndarray]]:
-    """Factual and sibling utilities normalised by the mean and (population) std of their tree's leaves."""
-    leaves: dict = {}
-    for ep in episodes:
-        leaves.setdefault(ep.group, []).append(ep.utility)
-    for (i, _), us in siblings.items():
-        leaves[episodes[i].group] += list(us)
-    stat = {g: (float(np.mean(v)), float(np.std(v))) for g, v in leaves.items()}
-
-    def norm(u, g):
-        m, s = stat[g]
-        return (np.asarray(u, dtype=np.float64) - m) / (s + eps)
-
-    return (np.array([float(norm(ep.utility, ep.group)) for ep in episodes]),
-            {n: norm(us, episodes[n[0]].group) for n, us in siblings.items()})
+def _weights(h: np.ndarray, aggregate: str) -> np.ndarray:
+    if aggregate == "entropy" and h.sum() > 0:
+        return h / h.sum()
+    if aggregate == "entropy_softmax":
+        z = np.exp(h - h.max())
+        return z / z.sum()
+    if aggregate in AGGREGATES:
+        return np.full(len(h), 1.0 / len(h))
+    raise ValueError(f"at2po aggregate must be one of {AGGREGATES}, got {aggregate!r}")
 
 
-def _softmax(x: Sequence[float]) -> np.ndarray:
-    z = np.exp(np.asarray(x, dtype=np.float64) - np.max(x))
-    return z / z.sum()
-
-
-def turn_values(episodes: Sequence[EpisodeRecord], leaf: Sequence[float],
-                siblings: dict[tuple[int, int], Sequence[float]], aggregate: str = "mean",
-                sibling_entropy: Optional[dict[tuple[int, int], Sequence[float]]] = None) -> list[np.ndarray]:
-    """``V(i, t)`` of every factual turn: the leaf's value ``leaf[i]`` on the last turn, then bottom up the
-    aggregate of the factual child ``V(i, t + 1)`` and the siblings at ``s_{t + 1}`` (``siblings[(i, t + 1)]``).
-    ``entropy_softmax`` weights the children by ``softmax`` of their turns' entropies (factual:
-    :func:`turn_entropy`; siblings: ``sibling_entropy``, in the order of ``siblings``)."""
-    out = []
-    for i, ep in enumerate(episodes):
-        T = len(ep.turns)
-        v = np.zeros(T)
-        if T == 0:
-            out.append(v)
+def node_values(forest: Forest, aggregate: str = "entropy", eps: float = 1e-6) -> dict[tuple[int, int], float]:
+    """``V`` of every node: a leaf's outcome normalised over its tree's leaves (GRPO's normalisation), an inner
+    node's the weighted sum of its children's (the nodes taken from the state after it)."""
+    eps_ = forest.episodes
+    leaf = episode_advantages([ep.utility for ep in eps_], [ep.group for ep in eps_], eps=eps)
+    children: dict[tuple, list[tuple[int, int]]] = {}
+    for e, t in own_nodes(forest):
+        children.setdefault(state_of(forest, e, t), []).append((e, t))
+    values: dict[tuple[int, int], float] = {}
+    for e, t in sorted(own_nodes(forest), key=lambda n: -n[1]):  # deeper turns first
+        if t == len(eps_[e].turns) - 1:
+            values[(e, t)] = float(leaf[e])
             continue
-        v[T - 1] = leaf[i]
-        for t in range(T - 2, -1, -1):
-            sib = list(siblings.get((i, t + 1), ()))
-            children = np.array([v[t + 1]] + sib, dtype=np.float64)
-            if aggregate == "mean":
-                v[t] = children.mean()
-            elif aggregate == "entropy_softmax":
-                h = [turn_entropy(ep.turns[t + 1])] + list((sibling_entropy or {}).get((i, t + 1), [0.0] * len(sib)))
-                v[t] = float(_softmax(h) @ children)
-            else:
-                raise ValueError(f"at2po aggregate must be one of {AGGREGATES}, got {aggregate!r}")
-        out.append(v)
-    return out
+        kids = children[state_of(forest, e, t + 1)]
+        h = np.array([turn_entropy(eps_[c].turns[u]) for c, u in kids])
+        values[(e, t)] = float(_weights(h, aggregate) @ np.array([values[c] for c in kids]))
+    return values
 
 
-def turn_advantages(episodes: Sequence[EpisodeRecord], values: Sequence[np.ndarray],
-                    advantage: str = "value") -> list[np.ndarray]:
-    """``A_t = V(i, t)``, or with ``diff_parent`` ``V(i, t) - V(i, t - 1)`` (turn 0: minus the root's value,
-    the mean of its tree's turn-0 values)."""
-    if advantage == "value":
-        return [np.array(v, dtype=np.float64) for v in values]
-    if advantage != "diff_parent":
-        raise ValueError(f"at2po advantage must be one of {ADVANTAGES}, got {advantage!r}")
-    first: dict = {}
-    for ep, v in zip(episodes, values):
-        if len(v):
-            first.setdefault(ep.group, []).append(float(v[0]))
-    out = []
-    for ep, v in zip(episodes, values):
-        v = np.asarray(v, dtype=np.float64)
-        parent = np.concatenate([[np.mean(first[ep.group])], v[:-1]]) if len(v) else v
-        out.append(v - parent)
-    return out
+def at2po_step(roots: Sequence[EpisodeRecord], ctx: CreditContext, *, method: str = "at2po",
+               config: Optional[AT2POConfig] = None, share: Optional[float] = None) -> CreditResult:
+    """Check forks, grow the tree within GRPO's tokens, credit every turn of every path with its node's value;
+    ``share``: the roots' share of GRPO's group (default: the method's registered one)."""
+    cfg = config or AT2POConfig()
+    require_forkable(roots, method)
+    share = get_method(method).roots if share is None else share
+    forest, stats = grow_tree(roots, ctx, cfg, expansion_budget(roots, share), method)
+    values = node_values(forest, cfg.aggregate)
+    adv = [np.array([values[node_of(forest, e, t)] for t in range(len(ep.turns))], dtype=np.float64)
+           for e, ep in enumerate(forest.episodes)]
+    stats["leaves"] = len(forest.episodes)
+    return CreditResult(adv, stats["aux_generated"], stats, episodes=forest.episodes)
 
 
-def at2po_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext, *, method: str = "at2po",
-               config: Optional[AT2POConfig] = None) -> CreditResult:
-    """Check forks, plan the expansions, run the siblings, bootstrap the values (module docstring)."""
-    cfg = at2po_config(ctx, config)
-    require_forkable(episodes, method)
-    counts, stats = choose_expansions(episodes, cfg, ctx.rng, method)
-    by_total: dict[int, list[tuple[int, int]]] = {}
-    for n, m in counts.items():
-        by_total.setdefault(m * cfg.width, []).append(n)
-    records, kept, aux = [], [], 0
-    for total, nodes in sorted(by_total.items()):  # a rollout's seed depends on its node and index j <= total only
-        r, k, a = run_siblings(ctx, episodes, sorted(nodes), total, coupled=False)
-        records, kept, aux = records + list(r), kept + list(k), aux + a
-    outcomes = sibling_outcomes(episodes, records, kept)
-    sib_entropy: dict = {}
-    for rec in records:
-        sib_entropy.setdefault(tuple(int(x) for x in rec.twin_of), []).append(
-            turn_entropy(rec.turns[0]) if rec.turns else 0.0)
-    leaf, sib = normalised_leaves(episodes, outcomes)
-    values = turn_values(episodes, leaf, sib, cfg.aggregate, sib_entropy)
-    pairs = [(episodes[i].utility, u) for (i, _), us in outcomes.items() for u in us]
-    stats.update({"siblings": len(records), "aux_generated": int(aux),
-                  "expanded_share": len(counts) / max(1, sum(len(ep.turns) for ep in episodes)),
-                  "tie_share": float(np.mean([u == v for u, v in pairs])) if pairs else float("nan")})
-    return CreditResult(turn_advantages(episodes, values, cfg.advantage), aux, stats)
-
-
-@register_credit("at2po", display="AT2PO (our reading)", config=AT2POConfig, needs=("value_rollouts",),
-                 benches=("learn",), description="each turn's value bootstrapped from a tree grown at its "
-                 "highest-entropy turns (independent siblings), tree-normalised")
-def at2po_registered_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Entropy-guided independent siblings; each factual turn's advantage is its node's value."""
-    return at2po_step(episodes, ctx, method="at2po")
+@register_credit("at2po", display="AT2PO", config=AT2POConfig, needs=("branches",), benches=("learn",),
+                 roots=ROOT_SHARE, description="a tree grown within GRPO's tokens at its highest-entropy turns, "
+                 "every turn credited with its node's value")
+def at2po_registered_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Entropy-guided expansions from fewer roots; each turn's advantage is its node's value."""
+    return at2po_step(roots, ctx, method="at2po")

@@ -1,108 +1,121 @@
-"""Tree-GRPO credit: siblings at the factual episodes' turn boundaries, compared under their parent.
+"""Tree-GRPO (Ji et al. 2026): the tree is the training batch, grown within GRPO's tokens.
 
-Tree-GRPO samples a tree per rollout whose nodes are agent turns: from a node (a turn
-boundary ``s_t`` of an episode) further children take another turn and continue, and a
-decision is judged against its siblings under the same parent (the *intra-tree* term)
-as well as against the other trees of its task (the *inter-tree* term). Here the trees
-grow from the factual batch:
+Tree-GRPO samples ``M`` chains per task (the *roots*), each the first path of its own tree, and
+expands the trees: an expansion picks a node of a tree uniformly at random among its non-leaf
+nodes and rolls a new path out from it, taking that turn afresh. Every leaf (every root-to-leaf
+path) is a training episode, trained on its whole trajectory, shared prefix included, with
 
-* a **node** is a turn boundary ``s_t``, ``t >= 1``, of a factual episode (boundary 0, the
-  task's prompt, is the root whose children are the ``G`` factual episodes of the group;
-  they are compared by GRPO's group term, the inter-tree term);
-* an **expanded** node gets ``width`` siblings: each takes another turn ``t`` from ``s_t`` and
-  continues to the end of its episode, with utility ``U'_k``;
-* expanded nodes are chosen breadth first: every episode's boundary 1, then 2, ..., until the
-  planned sibling tokens reach the budget; the first level that does not fit whole is expanded
-  at a share ``p`` of its nodes, each by a coin independent of any outcome
-  (:func:`expansion_depth`), so the expected planned tokens equal the budget.
+    A = (U - mean_tree) / (std_tree + eps) + (U - mean_task) / (std_task + eps)
 
-The advantage of factual turn ``t`` of episode ``i``:
+the intra-tree and inter-tree group-normalised outcomes of the reference implementation (its
+``tree`` advantage estimator: GRPO's normalisation once over the leaves of the tree, once over
+all leaves of the task), broadcast to every turn of the leaf.
 
-    A_t = A_traj_i + omega (U_i - mean_k U'_k) / sigma_hat     (expanded node)
-    A_t = A_traj_i                                             (every other turn)
+Here:
 
-with ``A_traj`` GRPO's group-normalised return and ``sigma_hat`` one scale for the whole
-batch (the standard deviation of its factual utilities, floored at ``sigma_min``, as Twice's).
+* **roots**: the method is registered with a root share of :data:`ROOT_SHARE` (0.4): callers
+  sample ``round(0.4 G)`` chains per task (:func:`~.registry.factual_group_size`; 2 for GRPO's
+  ``G = 5``), and the step grows the rest of GRPO's tokens as expansions;
+* **nodes**: the non-leaf nodes of a tree are its root chain's turn boundaries ``0 .. T - 1``
+  (boundary 0, the prompt: a new chain; boundary ``t``: a new turn ``t`` after the chain's first
+  ``t`` turns), the reference implementation's candidates with one expansion iteration (``l = 1``,
+  its default). It draws them with replacement; here a tree expands each node at most once, so
+  that a coupled sibling never repeats another's branch;
+* **widths, so that the generated tokens per update match GRPO's**: the expansion budget is GRPO's
+  tokens less the roots', ``(1 / share - 1)`` x the roots' tokens (each root stands for
+  ``1 / share`` of GRPO's chains). The trees are expanded in rounds, one expansion per tree in a
+  random order, each at a boundary drawn uniformly among those the tree has not expanded yet, and
+  rounds continue while the tokens truly generated stay below the budget. Within a round a node
+  counts at its planned cost, the tokens its chain generated from that boundary on, times the
+  tokens generated per planned token in the earlier rounds; the expansion whose count crosses what
+  is left is kept by a coin of probability ``left / count`` and ends the round (the growth too,
+  when the round added nothing). (Planned costs alone miss: a uniform boundary of a short chain is
+  drawn more often than one of a long chain, so they run short of what new paths generate, by
+  about a fifth on SearchToy.) ``TreeConfig.width`` fixes the leaves per tree instead, and a width
+  whose expected planned tokens exceed the budget is refused, naming the largest that fits;
+* **coupled siblings** (``tree-grpo-coupled``): an expansion takes its turn on a fresh branch
+  ``k`` and then continues on its chain's downstream noise (a coupled twin), so sibling
+  differences are twin differences, at no extra tokens: a sibling whose turn repeats the
+  chain's is the chain itself (its leaf is a copy, costing only its turn), and the plan counts
+  each expansion at its expected cost net of that chance (:func:`~.predictor.self_twin_probability`,
+  as Twice's budget does).
 
-Two registered methods differ only in how siblings continue after their alternative turn:
-
-* ``tree-grpo``: independent siblings, fresh noise from the node on (the ``values`` runner
-  restricted to the expanded boundaries); ``U_i - mean_k U'_k`` estimates ``A(s_t, y_t)``;
-* ``tree-grpo-coupled``: coupled siblings, the alternative turn on branch ``k`` and then the
-  factual episode's downstream noise (the ``twins`` runner, ``K = width`` alternatives per
-  node, none dropped): sibling differences are twin differences, with the same expectation
-  and, where the coupling holds, a smaller variance. A sibling whose alternative turn equals
-  the factual turn is the factual episode (``U' = U``, nothing generated).
-
-Where the published method is silent or differs, our reading:
-
-* it normalises each group by its own mean and standard deviation, counting the node's own
-  leaf in the group; we subtract the siblings' mean only (a leave-one-out baseline, so the
-  term is unbiased for ``A(s_t, y_t)`` rather than shrunk by ``width / (width + 1)``) and divide
-  by one batch scale (a per-node standard deviation of two or three outcomes would re-weight
-  decisions against each other and blow up near-ties);
-* siblings are auxiliary rollouts that inform the factual turns' credit; they are not
-  trained on themselves (as Twice's twins and VinePPO's value rollouts are not);
-* the budget is ``beta`` x the batch's policy tokens, the auxiliary budget Twice and CRR
-  spend (``beta`` from the twin settings of the context), so at ``beta = 1`` an update
-  generates as many tokens as GRPO (2x). A node's planned cost is ``c_t``, the factual
-  episode's tokens from turn ``t`` on (an independent sibling's expected cost), per sibling.
+The new paths' generated tokens are the step's auxiliary tokens; the batch as sampled is the
+roots. Where the reference differs: its standard deviation is the unbiased one and a group of one
+leaf gets mean 0 and std 1; here the normalisation is GRPO's of this project (population std, a
+group whose outcomes tie gets 0).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit.grpo import episode_advantages
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, register_credit
-from twice_envs.agents.credit.twice import TwiceConfig, policy_tokens, sigma_hat
+from twice_envs.agents.credit.grpo import broadcast, episode_advantages
+from twice_envs.agents.credit.predictor import self_twin_probability
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, register_credit
+from twice_envs.agents.credit.twice import TwiceConfig, policy_tokens
 from twice_envs.agents.types import EpisodeRecord
+
+#: Tree-GRPO's roots per task as a share of GRPO's group size (2 trees for G = 5).
+ROOT_SHARE = 0.4
 
 
 @dataclass(frozen=True)
 class TreeConfig:
-    """Tree-GRPO's settings (the registered methods use the defaults and the context's ``beta``)."""
+    """Tree-GRPO's settings (the registered methods use the defaults)."""
 
-    width: int = 2
-    """Siblings per expanded node: with the factual turn, a group of three under the parent, the
-    smallest whose group mean is not a single pair's."""
+    width: Optional[int] = None
+    """Leaves per tree: its root chain and ``width - 1`` expansions (None: as many as GRPO's tokens pay for)."""
     depth: Optional[int] = None
-    """Turn boundaries ``1..depth`` of every episode are expanded (None: as many levels as the budget
-    pays for, the last one in part). A fixed depth whose siblings exceed the budget is refused."""
-    beta: Optional[float] = None
-    """Budget: planned sibling tokens = beta x the batch's policy tokens (None: the context's
-    twin budget, ``TwiceConfig.beta``)."""
-    omega: float = 1.0
-    """Weight of the intra-tree term."""
-    sigma_min: float = 0.1
-    """Floor of the batch scale ``sigma_hat``."""
+    """The deepest boundary an expansion starts from (0: new chains from the prompt only; None: any
+    non-leaf node, boundaries ``0 .. T - 1``)."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.width, bool) or not isinstance(self.width, (int, np.integer)) or self.width < 1:
-            raise ValueError(f"tree width must be an integer >= 1, got {self.width!r}")
-        if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, (int, np.integer))
-                                       or self.depth < 1):
-            raise ValueError(f"tree depth must be None or an integer >= 1, got {self.depth!r}")
+        for name, low in (("width", 1), ("depth", 0)):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low):
+                raise ValueError(f"tree {name} must be None or an integer >= {low}, got {v!r}")
 
 
-def tree_config(ctx: CreditContext, base: Optional[TreeConfig] = None) -> TreeConfig:
-    """``base`` (default :class:`TreeConfig`) with ``beta`` filled from the context's twin settings."""
-    base = base or TreeConfig()
-    if base.beta is not None:
-        return base
-    return replace(base, beta=(ctx.twice or TwiceConfig()).beta)
+# --------------------------------------------------------------------------- the forest a batch grows into
 
 
-# --------------------------------------------------------------------------- which nodes to expand
+@dataclass
+class Forest:
+    """A batch grown from its roots.
+
+    Attributes:
+        episodes: the roots, then every grown path, in the order grown.
+        source: per episode, the node ``(episode, turn)`` it was grown from (None for a root): it copies
+            that episode's turns before ``turn`` and takes turn ``turn`` afresh.
+        tree: per episode, the index of the root chain whose tree it belongs to.
+    """
+
+    episodes: list = field(default_factory=list)
+    source: list = field(default_factory=list)
+    tree: list = field(default_factory=list)
+
+    @classmethod
+    def of_roots(cls, roots: Sequence[EpisodeRecord]) -> "Forest":
+        return cls(list(roots), [None] * len(roots), list(range(len(roots))))
+
+    def add(self, grown: Sequence[EpisodeRecord], nodes: Sequence[tuple[int, int]]) -> None:
+        """Append the paths grown from ``nodes`` (one each, in order)."""
+        if len(grown) != len(nodes):
+            raise ValueError(f"{len(nodes)} nodes were expanded, but {len(grown)} paths came back")
+        for ep, (i, t) in zip(grown, nodes):
+            self.episodes.append(ep)
+            self.source.append((int(i), int(t)))
+            self.tree.append(self.tree[int(i)])
 
 
 def require_forkable(episodes: Sequence[EpisodeRecord], method: str) -> None:
     """Raise, naming ``method``, when an episode's env cannot fork (its id is not registered: a fork
     makes a fresh env of the registered kind, :meth:`~twice_envs.core.TextEnv.fork`)."""
-    from twice_envs.registry import registry as env_registry
+    from twice_envs.registry import registry as env_registry  # the env registry imports the agents' lazily
 
     bad = sorted({ep.env_id for ep in episodes if ep.env_id not in env_registry})
     if bad:
@@ -110,142 +123,175 @@ def require_forkable(episodes: Sequence[EpisodeRecord], method: str) -> None:
                          "cannot fork (not a registered env id: create envs with twice_envs.make or register them)")
 
 
-def level_costs(episodes: Sequence[EpisodeRecord]) -> np.ndarray:
-    """Planned cost of one sibling at every node of each level: entry ``t - 1`` is the sum over episodes
-    with more than ``t`` turns of ``c_t``, their tokens from turn ``t`` on (at least 1 each)."""
-    depth = max((len(ep.turns) for ep in episodes), default=1) - 1
-    out = np.zeros(max(depth, 0))
-    for ep in episodes:
-        for t in range(1, len(ep.turns)):
-            out[t - 1] += max(1, ep.remaining_tokens(t))
-    return out
+def expansion_budget(roots: Sequence[EpisodeRecord], share: float) -> float:
+    """GRPO's tokens less the roots': the roots' generated tokens x ``(1 / share - 1)`` (each root stands for
+    ``1 / share`` of GRPO's chains)."""
+    return policy_tokens(roots) * (1.0 / share - 1.0)
 
 
-def expansion_depth(costs: Sequence[float], width: int, budget: float) -> tuple[int, float]:
-    """``(levels, share)``: the whole levels ``1..levels`` and the share of level ``levels + 1`` whose
-    nodes get ``width`` siblings so that the planned tokens ``width (sum of whole levels + share x next
-    level)`` equal ``budget`` (every level, share 0, when all of them cost less)."""
-    costs = np.asarray(costs, dtype=np.float64) * width
-    cum = np.cumsum(costs)
-    levels = int(np.searchsorted(cum, budget, side="right"))
-    if levels >= len(costs):
-        return len(costs), 0.0
-    spent = cum[levels - 1] if levels else 0.0
-    return levels, float(np.clip((budget - spent) / costs[levels], 0.0, 1.0))
+def expansion_costs(ep: EpisodeRecord, bounds: Sequence[int], p_self: Optional[np.ndarray] = None) -> np.ndarray:
+    """The planned cost of an expansion at each boundary of ``bounds``: the tokens ``ep`` generated from it on
+    (at least 1), net of a self-sibling's saving ``p (c - len)`` where ``p_self`` gives its chance."""
+    c = np.array([max(1, ep.remaining_tokens(t)) for t in bounds], dtype=np.float64)
+    if p_self is None:
+        return c
+    lens = np.array([ep.turns[t].num_tokens for t in bounds], dtype=np.float64)
+    return c - np.asarray(p_self, dtype=np.float64) * (c - lens)
 
 
-def largest_width(costs: Sequence[float], depth: int, budget: float) -> int:
-    """The largest width whose siblings at levels ``1..depth`` cost at most ``budget`` (0: none fits)."""
-    total = float(np.sum(np.asarray(costs, dtype=np.float64)[:depth]))
-    return int(budget // total) if total > 0 else 0
-
-
-def choose_nodes(episodes: Sequence[EpisodeRecord], config: TreeConfig, rng: np.random.Generator,
-                 method: str) -> tuple[list[tuple[int, int]], dict]:
-    """The expanded nodes ``(episode, turn)`` of a batch and the plan's figures.
-
-    With ``config.depth`` every boundary ``1..depth`` is expanded, and a width whose planned tokens
-    exceed the budget raises with the largest width that fits; otherwise :func:`expansion_depth`
-    chooses the levels and the partial level's nodes are drawn by coins of probability ``share``.
-    ``config.beta`` must be set (:func:`tree_config`)."""
-    if config.beta is None:
-        raise ValueError("the tree budget needs beta (fill it from the context with tree_config)")
-    budget = config.beta * policy_tokens(episodes)
-    costs = level_costs(episodes)
-    if config.depth is not None:
-        planned = config.width * float(costs[:config.depth].sum())
-        if planned > budget:
-            fit = largest_width(costs, config.depth, budget)
-            raise ValueError(f"{method}: width {config.width} at depth {config.depth} plans {planned:.0f} sibling "
-                             f"tokens, over the budget of {budget:.0f} (beta {config.beta} x policy tokens); the "
-                             f"largest width that fits is {fit}" + (" (none: lower the depth)" if fit == 0 else ""))
-        levels, share = min(config.depth, len(costs)), 0.0
-    else:
-        levels, share = expansion_depth(costs, config.width, budget)
-    nodes = [(i, t) for i, ep in enumerate(episodes) for t in range(1, min(levels, len(ep.turns) - 1) + 1)]
-    partial = [(i, levels + 1) for i, ep in enumerate(episodes) if len(ep.turns) > levels + 1]
-    if share > 0 and partial:
-        coins = rng.random(len(partial)) < share
-        nodes += [d for d, c in zip(partial, coins) if c]
-    planned = config.width * sum(max(1, episodes[i].remaining_tokens(t)) for i, t in nodes)
-    return nodes, {"tree_levels": levels, "tree_partial_share": share, "expanded_nodes": len(nodes),
-                   "aux_target": float(budget), "aux_accounted": float(planned)}
-
-
-# --------------------------------------------------------------------------- siblings and credit
+# --------------------------------------------------------------------------- growing the trees
 
 
 def sibling_config(base: Optional[TwiceConfig], width: int) -> TwiceConfig:
     """The twin settings that make coupled siblings: ``width`` alternatives per node (branches
-    ``1..width``) sharing the factual downstream noise, one pair, and no evidence coin."""
+    ``1..width``) sharing the chain's downstream noise, one pair, no evidence coin, self-twins shortcut."""
     return replace(base or TwiceConfig(), pairs=1, star=width, coupled=True, q_same=1.0, skip_same_evidence=False,
                    self_twin_shortcut=True)
 
 
-def sibling_outcomes(episodes: Sequence[EpisodeRecord], siblings: Sequence[EpisodeRecord],
-                     kept: Sequence[bool]) -> dict[tuple[int, int], list[float]]:
-    """``U'`` of every sibling by its node (``twin_of``); a self-sibling's is the factual utility."""
-    out: dict[tuple[int, int], list[float]] = {}
-    for rec, k in zip(siblings, kept):
-        if rec.twin_of is None or not k:
-            raise ValueError("every sibling must name its node (twin_of) and be continued")
-        i, t = (int(v) for v in rec.twin_of)
-        out.setdefault((i, t), []).append(episodes[i].utility if rec.self_twin else rec.utility)
-    return out
+def sibling_leaf(chain: EpisodeRecord, rec: EpisodeRecord) -> EpisodeRecord:
+    """The leaf a coupled sibling ``rec`` of ``chain`` makes: the chain grown with the sibling's path or, for
+    a self-sibling (its turn repeats the chain's, the chain itself), a copy of the chain whose turn ``t`` is
+    the sibling's."""
+    leaf = chain.grow(rec)
+    if rec.self_twin:
+        t = int(rec.twin_of[1])
+        leaf.turns = list(chain.turns[:t]) + list(rec.turns[:1]) + list(chain.turns[t + 1:])
+        leaf.utility, leaf.trajectory, leaf.info = chain.utility, chain.trajectory, dict(chain.info)
+        leaf.terminated, leaf.truncated = chain.terminated, chain.truncated
+    return leaf
 
 
-def run_siblings(ctx: CreditContext, episodes: Sequence[EpisodeRecord], nodes: Sequence[tuple[int, int]],
-                 width: int, *, coupled: bool):
-    """``width`` siblings of every node through the context's runners: coupled twins or independent
-    rollouts. Returns ``(records, kept, aux_tokens)``."""
-    if not nodes:
-        return [], [], 0
+def grow(ctx: CreditContext, roots: Sequence[EpisodeRecord], nodes: Sequence[tuple[int, int]], rnd: int,
+         coupled: bool) -> tuple[list[EpisodeRecord], int, list[bool]]:
+    """One round's new paths, one per node of ``nodes`` (distinct nodes), in order: independent (the
+    ``branches`` runner, the round's own seeds) or coupled siblings (the ``twins`` runner, branch 1 of a
+    node never expanded before). Returns ``(paths, tokens generated, self-sibling flags)``."""
+    if not coupled:
+        paths = ctx.need("branches")(ctx.policy, roots, list(nodes), ctx.sampling,
+                                     noise_seed=ctx.noise_seed + 7919 * rnd)
+        return list(paths), sum(ep.num_generated_tokens for ep in paths), [False] * len(paths)
+    out = ctx.need("twins")(ctx.policy, roots, list(nodes), sibling_config(ctx.twice, 1), ctx.sampling, ctx.rng,
+                            noise_seed=ctx.noise_seed)
+    by_node = {tuple(int(v) for v in rec.twin_of): rec for rec in out.records}
+    recs = [by_node[(int(i), int(t))] for i, t in nodes]
+    return [sibling_leaf(roots[i], r) for (i, _), r in zip(nodes, recs)], int(out.aux_tokens), \
+        [bool(r.self_twin) for r in recs]
+
+
+class TreeDraws:
+    """Tree-GRPO's draws: each tree (root chain) proposes a boundary drawn uniformly among those it has not
+    expanded yet (``0 .. T - 1``, at most ``depth``), each node at most once per tree."""
+
+    def __init__(self, roots: Sequence[EpisodeRecord], depth: Optional[int] = None):
+        self.left = {i: list(range(len(ep.turns) if depth is None else min(len(ep.turns), depth + 1)))
+                     for i, ep in enumerate(roots) if len(ep.turns)}
+
+    def propose(self, rng: np.random.Generator) -> list[tuple[int, int]]:
+        """One node per tree with boundaries left, the trees in a random order."""
+        return [(int(i), self.left[i][int(rng.integers(0, len(self.left[i])))])
+                for i in rng.permutation(sorted(i for i in self.left if self.left[i]))]
+
+    def take(self, node: tuple[int, int]) -> None:
+        self.left[node[0]].remove(node[1])
+
+
+def grow_in_rounds(roots: Sequence[EpisodeRecord], ctx: CreditContext, draws, cost, budget: float, *,
+                   rounds: Optional[int] = None, coupled: bool = False) -> tuple[Forest, dict]:
+    """Grow paths from ``roots`` in rounds; returns the forest and the figures (``aux_target``: ``budget``,
+    ``aux_accounted``: the planned tokens, ``aux_generated``: those truly generated).
+
+    Each round takes the nodes ``draws.propose(rng)`` proposes, in order (``draws.take(node)`` for each taken),
+    and grows them (:func:`grow`). Budget-driven (``rounds`` None): rounds continue while the tokens truly
+    generated stay below ``budget``; within a round, each node counts at its planned cost ``cost(node)`` times
+    the tokens generated per planned token in the earlier rounds (1 in the first), and the node whose count
+    crosses what is left is taken by a coin of probability ``left / count`` and ends the round (the growth too,
+    when the round took nothing). A fixed ``rounds`` takes every proposal of that many rounds."""
+    forest, rng = Forest.of_roots(roots), ctx.rng
+    planned, spent, n, selves, done = 0.0, 0, 0, [], budget <= 0 and rounds is None
+    while not done and (rounds is None or n < rounds):
+        nodes, round_planned, round_est = [], 0.0, 0.0
+        scale = spent / planned if planned > 0 else 1.0  # generated per planned token in the earlier rounds
+        for node in draws.propose(rng):
+            c = float(cost(node))
+            if rounds is None and spent + round_est + scale * c > budget:
+                if rng.random() < (budget - spent - round_est) / (scale * c):
+                    nodes.append(node)
+                    round_planned, round_est = round_planned + c, round_est + scale * c
+                    draws.take(node)
+                done = not nodes
+                break
+            nodes.append(node)
+            round_planned, round_est = round_planned + c, round_est + scale * c
+            draws.take(node)
+        if not nodes:
+            break
+        paths, tokens, flags = grow(ctx, roots, nodes, n, coupled)
+        forest.add(paths, nodes)
+        planned, spent, n, selves = planned + round_planned, spent + tokens, n + 1, selves + flags
+        done = done or (rounds is None and spent >= budget)
+    bounds = [s[1] for s in forest.source[len(roots):]]
+    stats = {"roots": len(roots), "expansions": len(bounds), "tree_rounds": n, "aux_target": float(budget),
+             "aux_accounted": planned, "aux_generated": int(spent),
+             "mean_boundary": float(np.mean(bounds)) if bounds else float("nan")}
     if coupled:
-        out = ctx.need("twins")(ctx.policy, episodes, list(nodes), sibling_config(ctx.twice, width), ctx.sampling,
-                                ctx.rng, noise_seed=ctx.noise_seed)
-    else:
-        out = ctx.need("values")(ctx.policy, episodes, ctx.sampling, k=width, noise_seed=ctx.noise_seed,
-                                 states=list(nodes))
-    return out.records, out.kept, out.aux_tokens
+        stats["self_sibling_share"] = float(np.mean(selves)) if selves else float("nan")
+    return forest, stats
 
 
-def tree_advantages(episodes: Sequence[EpisodeRecord], siblings: dict[tuple[int, int], Sequence[float]],
-                    scale: float, omega: float = 1.0) -> list[np.ndarray]:
-    """``A_t = A_traj + omega (U - mean U'_sib) / scale`` at every node with siblings, ``A_traj`` elsewhere."""
-    a_traj = episode_advantages([ep.utility for ep in episodes], [ep.group for ep in episodes])
-    out = [np.full(len(ep.turns), a_traj[i]) for i, ep in enumerate(episodes)]
-    for (i, t), u_sib in siblings.items():
-        out[i][t] += omega * (episodes[i].utility - float(np.mean(u_sib))) / scale
-    return out
+def grow_trees(roots: Sequence[EpisodeRecord], ctx: CreditContext, config: TreeConfig, budget: float, method: str,
+               coupled: bool = False) -> tuple[Forest, dict]:
+    """Tree-GRPO's growth (module docstring): rounds of one expansion per tree (:class:`TreeDraws`), each node
+    planned at its chain's tokens from its boundary on (net of its self-sibling chance when ``coupled``), until
+    the tokens generated reach ``budget`` (:func:`grow_in_rounds`). A fixed ``width`` runs ``width - 1`` rounds
+    and is refused, naming the largest width that fits, when their expected planned tokens exceed the budget."""
+    draws = TreeDraws(roots, config.depth)
+    costs = {}
+    for i, bounds in draws.left.items():
+        p = self_twin_probability(roots, [(i, t) for t in bounds]) if coupled else None
+        costs[i] = expansion_costs(roots[i], bounds, p)
+    if config.width is not None:
+        expected = float(sum(c.mean() for c in costs.values()))
+        if (config.width - 1) * expected > budget:
+            fit = 1 + int(budget // expected) if expected > 0 else 1
+            raise ValueError(f"{method}: width {config.width} (leaves per tree) plans about "
+                             f"{(config.width - 1) * expected:.0f} expansion tokens, over GRPO's budget of "
+                             f"{budget:.0f} left after the roots; the largest width that fits is {fit}")
+    return grow_in_rounds(roots, ctx, draws, lambda n: costs[n[0]][n[1]], budget,
+                          rounds=None if config.width is None else config.width - 1, coupled=coupled)
 
 
-def tree_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext, *, method: str, coupled: bool,
-              config: Optional[TreeConfig] = None) -> CreditResult:
-    """Check forks, choose the nodes, run their siblings, combine (see the module docstring)."""
-    cfg = tree_config(ctx, config)
-    require_forkable(episodes, method)
-    nodes, stats = choose_nodes(episodes, cfg, ctx.rng, method)
-    records, kept, aux = run_siblings(ctx, episodes, nodes, cfg.width, coupled=coupled)
-    outcomes = sibling_outcomes(episodes, records, kept)
-    scale = sigma_hat([ep.utility for ep in episodes], cfg.sigma_min)
-    pairs = [(episodes[i].utility, u) for (i, _), us in outcomes.items() for u in us]
-    stats.update({"siblings": len(records), "aux_generated": int(aux), "sigma_hat": scale,
-                  "expanded_share": len(nodes) / max(1, sum(len(ep.turns) for ep in episodes)),
-                  "tie_share": float(np.mean([u == v for u, v in pairs])) if pairs else float("nan"),
-                  "self_sibling_share": float(np.mean([r.self_twin for r in records])) if records else float("nan")})
-    return CreditResult(tree_advantages(episodes, outcomes, scale, cfg.omega), aux, stats)
+def tree_advantages(episodes: Sequence[EpisodeRecord], trees: Sequence[int], eps: float = 1e-6) -> list[np.ndarray]:
+    """Per leaf, its outcome normalised over its tree's leaves plus over its task's leaves (GRPO's
+    normalisation twice), on every turn."""
+    u = [ep.utility for ep in episodes]
+    a = episode_advantages(u, trees, eps=eps) + episode_advantages(u, [ep.group for ep in episodes], eps=eps)
+    return broadcast(a, episodes)
 
 
-@register_credit("tree-grpo", display="Tree-GRPO", config=TreeConfig, needs=("value_rollouts",), benches=("learn",),
-                 description="GRPO's term plus each expanded turn's outcome against its independent siblings' mean")
-def tree_grpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Independent siblings (fresh noise from the node on)."""
-    return tree_step(episodes, ctx, method="tree-grpo", coupled=False)
+def tree_step(roots: Sequence[EpisodeRecord], ctx: CreditContext, *, method: str, coupled: bool,
+              config: Optional[TreeConfig] = None, share: Optional[float] = None) -> CreditResult:
+    """Check forks, grow the trees within GRPO's tokens, credit every leaf (module docstring); ``share``: the
+    roots' share of GRPO's group (default: the method's registered one)."""
+    require_forkable(roots, method)
+    share = get_method(method).roots if share is None else share
+    forest, stats = grow_trees(roots, ctx, config or TreeConfig(), expansion_budget(roots, share), method, coupled)
+    stats.update({"leaves": len(forest.episodes), "leaves_per_tree": len(forest.episodes) / max(1, len(roots))})
+    return CreditResult(tree_advantages(forest.episodes, forest.tree), stats["aux_generated"], stats,
+                        episodes=forest.episodes)
 
 
-@register_credit("tree-grpo-coupled", display="Tree-GRPO (coupled)", config=TreeConfig, needs=("twins",),
-                 benches=("learn",), description="Tree-GRPO whose siblings continue on the factual episode's noise "
-                 "(coupled twins)")
-def tree_grpo_coupled_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Coupled siblings (alternative turn on branch k, then the factual downstream noise)."""
-    return tree_step(episodes, ctx, method="tree-grpo-coupled", coupled=True)
+@register_credit("tree-grpo", display="Tree-GRPO", config=TreeConfig, needs=("branches",), benches=("learn",),
+                 roots=ROOT_SHARE, description="trees grown within GRPO's tokens from fewer roots, every leaf "
+                 "trained with its intra-tree plus inter-tree normalised outcome")
+def tree_grpo_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Independent expansions (fresh noise from the node on)."""
+    return tree_step(roots, ctx, method="tree-grpo", coupled=False)
+
+
+@register_credit("tree-grpo-coupled", display="Tree-GRPO + coupled siblings", config=TreeConfig, needs=("twins",),
+                 benches=("learn",), roots=ROOT_SHARE, description="Tree-GRPO whose expansions continue on their "
+                 "chain's downstream noise (coupled siblings, at no extra tokens)")
+def tree_grpo_coupled_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Coupled expansions (a fresh turn on branch k, then the chain's downstream noise)."""
+    return tree_step(roots, ctx, method="tree-grpo-coupled", coupled=True)

@@ -29,7 +29,13 @@ scale would re-weight decisions against each other and a floor keeps an all-tie
 batch from blowing a rare non-zero twin up.
 
 A self-twin (alternative text == factual text) is the factual episode by the coupling
-guarantee: ``D = 0``, nothing generated.
+guarantee: ``D = 0``, nothing generated after its alternative turn. The budget it would have
+consumed is freed: a twin of decision ``t`` is planned at its expected cost net of self-twins,
+``p_t len_t + (1 - p_t) c_t`` with ``p_t = pi(y_t | s_t)`` the chance that the alternative repeats the
+factual turn (:func:`~.predictor.self_twin_probability`) and ``len_t`` that turn's tokens; a realised
+self-twin is charged its alternative turn only, and every other twin its full ``c_t``, the ones the
+evidence coin skips included (as published). Without the shortcut (``self_twin_shortcut=False``) or
+for independent twins, ``p_t = 0``: every twin is planned and charged at ``c_t``.
 """
 
 from __future__ import annotations
@@ -41,6 +47,19 @@ import numpy as np
 
 from twice_envs.agents.credit import budget as budget_rules
 from twice_envs.agents.credit import predictor
+from twice_envs.agents.credit.budget import (  # noqa: F401  (the costs are part of Twice's interface)
+    accounted_tokens,
+    branch_costs,
+    expected_twin_costs,
+    turn_costs,
+    twins_per_decision,
+)
+from twice_envs.agents.credit.diagnostics import (  # noqa: F401  (the diagnostics are part of Twice's interface)
+    TERM_QUANTILES,
+    pair_correlation,
+    twin_stats,
+    within_decision_rho,
+)
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.predictor import decision_index
 from twice_envs.agents.credit.registry import (
@@ -48,7 +67,6 @@ from twice_envs.agents.credit.registry import (
     CreditResult,
     register_credit,
 )
-from twice_envs.agents.stats import per_decision_rho
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -88,13 +106,22 @@ class TwiceConfig:
     inverse_weights: bool = True
     """Divide by q_t q_same^e_t (False: the plain, biased B S D)."""
     self_twin_shortcut: bool = True
-    """Self-twins cost nothing (False: charge them their full continuation)."""
+    """Self-twins are not continued and free their budget: the plan counts a twin's cost net of its
+    predicted self-twin chance (False: self-twins are continued like any other twin, planned and charged
+    their full continuation)."""
+    cost_ratio: bool = True
+    """Plan and charge a twin that is not a self-twin at ``r c_t``, ``r`` the running ratio of the tokens the
+    continued twins that were not self-twins truly generated to their proxies ``c_t`` over earlier updates (1
+    until twins have run): the proxy, the factual turn and the tokens after it, is the factual continuation,
+    while an alternative that differs from the factual turn tends to lead elsewhere (longer in the labs).
+    Twins the evidence coin stopped are left out of ``r`` (they are charged in full, as published, and their
+    savings are not recycled). False: ``c_t`` as published."""
     trajectory_term: bool = True
     """Include GRPO's A_traj in the advantage (False: twin credit only)."""
     cost_calibration: bool = False
-    """Ablation: multiply every ``c_t`` by the realised / planned twin tokens of earlier updates
-    when solving for lambda (it recycles the savings of self-twins and skipped twins into more
-    branching, so the accounted tokens overshoot ``beta``)."""
+    """Ablation: multiply every planned cost by the realised / planned twin tokens of earlier updates
+    when solving for lambda (it recycles what the plan did not spend, chiefly the savings of twins the
+    evidence coin stopped, into more branching, so the accounted tokens leave ``beta``)."""
     twin_scale: str = "batch"
     """The scale ``sigma_hat`` of the twin term: ``batch`` (the standard deviation of the
     batch's factual utilities, floored at ``sigma_min``) or ``running`` (the running
@@ -115,6 +142,10 @@ class BranchPlan:
         branched: the branch coins ``B_t``.
         lam: the bisected lambda (NaN during warm-up).
         budget: the target expected auxiliary tokens.
+        p_self: the chance that a twin of the decision is a self-twin, as planned (0 without the shortcut;
+            None: 0 everywhere).
+        turn_costs: ``len_t``, the factual turn's tokens: what a self-twin costs (None: 1 each).
+        cost_ratio: ``r``: a twin that is not a self-twin is planned and charged ``r c_t``.
     """
 
     index: list[tuple[int, int]]
@@ -124,15 +155,20 @@ class BranchPlan:
     branched: np.ndarray
     lam: float = float("nan")
     budget: float = 0.0
+    p_self: Optional[np.ndarray] = None
+    turn_costs: Optional[np.ndarray] = None
+    cost_ratio: float = 1.0
 
     @property
     def branched_decisions(self) -> list[tuple[int, int]]:
         return [d for d, b in zip(self.index, self.branched) if b]
 
-
-def branch_costs(episodes: Sequence[EpisodeRecord], index: Sequence[tuple[int, int]]) -> np.ndarray:
-    """``c_t``: the factual turn's length plus the tokens generated after it (at least 1)."""
-    return np.array([max(1, episodes[i].remaining_tokens(t)) for i, t in index], dtype=np.float64)
+    def unit_costs(self, config: "TwiceConfig") -> np.ndarray:
+        """Expected tokens of a branched decision's twins and replicas (:func:`expected_twin_costs`)."""
+        n = len(self.index)
+        p = np.zeros(n) if self.p_self is None else self.p_self
+        lens = np.ones(n) if self.turn_costs is None else self.turn_costs
+        return expected_twin_costs(self.costs * self.cost_ratio, lens, p, config)
 
 
 def policy_tokens(episodes: Sequence[EpisodeRecord]) -> int:
@@ -140,14 +176,13 @@ def policy_tokens(episodes: Sequence[EpisodeRecord]) -> int:
     return sum(ep.num_generated_tokens for ep in episodes)
 
 
-def accounted_tokens(plan: BranchPlan, config: TwiceConfig) -> float:
-    """Auxiliary tokens as the budget counts them: every branched decision is charged its planned
-    cost ``c_t`` (alternative turn and continuation) for each twin and replica it runs, including
-    twins the evidence coin later skips and self-twins that cost nothing. Its expectation over the
-    branch coins is the planned ``sum_t q_t c_t``, which the bisection sets to ``beta`` x policy
-    tokens; the tokens truly generated (``Twins.aux_tokens``) are reported beside it.
-    """
-    return float(np.dot(np.asarray(plan.branched, dtype=np.float64), plan.costs)) * twins_per_decision(config)
+def self_twin_chances(episodes: Sequence[EpisodeRecord], index: Sequence[tuple[int, int]],
+                      config: TwiceConfig) -> np.ndarray:
+    """``p_t`` as the plan counts it: :func:`~.predictor.self_twin_probability` where self-twins are
+    shortcut (coupled twins, ``self_twin_shortcut``), else 0."""
+    if not (config.coupled and config.self_twin_shortcut):
+        return np.zeros(len(index))
+    return predictor.self_twin_probability(episodes, index)
 
 
 def branch_probabilities(
@@ -159,16 +194,20 @@ def branch_probabilities(
     index: Optional[list[tuple[int, int]]] = None,
     cost_scale: float = 1.0,
     success: Optional[np.ndarray] = None,
+    cost_ratio: float = 1.0,
 ) -> tuple[np.ndarray, float, np.ndarray, float]:
     """``(q, lambda, costs, budget)`` for every decision (see :class:`TwiceConfig`).
 
-    ``cost_scale`` multiplies ``c_t`` when solving for the budget (only under the
-    ``cost_calibration`` ablation; 1 as published). ``success`` is
-    the per-decision prediction ``p_hat_t`` that mixed-outcome targeting needs.
+    The rule and the budget see each decision's expected cost net of its predicted self-twins
+    (:func:`expected_twin_costs`, a twin that is not a self-twin at ``cost_ratio x c_t``); ``costs`` are the
+    plain ``c_t``. ``cost_scale`` multiplies the expected costs when solving for the budget (only under the
+    ``cost_calibration`` ablation; 1 as published). ``success`` is the per-decision prediction ``p_hat_t``
+    that mixed-outcome targeting needs.
     """
     index = decision_index(episodes) if index is None else index
     costs = branch_costs(episodes, index)
-    unit_costs = costs * twins_per_decision(config) * cost_scale
+    unit_costs = expected_twin_costs(costs * cost_ratio, turn_costs(episodes, index),
+                                     self_twin_chances(episodes, index, config), config) * cost_scale
     target = config.beta * policy_tokens(episodes)
     if update < config.warmup_updates:
         return np.full(len(index), config.warmup_q), float("nan"), costs, target
@@ -188,13 +227,6 @@ def branch_probabilities(
     return q, lam, costs, target
 
 
-def twins_per_decision(config: TwiceConfig) -> int:
-    """Episodes run per branched decision, each costing about ``c_t``: ``J K`` twins and,
-    for coupled pairs, ``J - 1`` replicas of the factual turn (one per pair beyond the
-    factual episode; independent counterfactuals all pair with the factual episode)."""
-    return config.pairs * config.star + (config.pairs - 1 if config.coupled else 0)
-
-
 def plan_branches(
     episodes: Sequence[EpisodeRecord],
     config: TwiceConfig,
@@ -204,14 +236,17 @@ def plan_branches(
     update: int,
     cost_scale: float = 1.0,
     success: Optional[np.ndarray] = None,
+    cost_ratio: float = 1.0,
 ) -> BranchPlan:
-    """Branch probabilities and the branch coins ``B_t ~ Bern(q_t)`` for a factual batch."""
+    """Branch probabilities and the branch coins ``B_t ~ Bern(q_t)`` for a factual batch
+    (``cost_ratio``: see :func:`branch_probabilities`)."""
     index = decision_index(episodes)
     q, lam, costs, target = branch_probabilities(episodes, config, eta, update=update, index=index,
-                                                 cost_scale=cost_scale, success=success)
+                                                 cost_scale=cost_scale, success=success, cost_ratio=cost_ratio)
     coins = rng.random(len(index)) < q
     eta_arr = np.full(len(index), np.nan) if eta is None else np.asarray(eta, dtype=np.float64)
-    return BranchPlan(index, costs, eta_arr, q, coins, lam, target)
+    return BranchPlan(index, costs, eta_arr, q, coins, lam, target, self_twin_chances(episodes, index, config),
+                      turn_costs(episodes, index), float(cost_ratio))
 
 
 def evidence_exponent(twin: EpisodeRecord) -> int:
@@ -242,6 +277,14 @@ class TwinCredit:
     a_hat: np.ndarray
     d: np.ndarray
     pairs: list[tuple[int, float, float, int, bool]] = field(default_factory=list)
+
+    @property
+    def realised(self) -> np.ndarray:
+        """Pairs each decision realised: its kept twins (self-twins included, ``D = 0`` exactly); a twin
+        the evidence coin dropped realised none. The decisions with at least one are those whose twin
+        credit the published ablation table scores (its Rev. column)."""
+        rows = np.array([r for r, _, _, _, k in self.pairs if k], dtype=np.int64)
+        return np.bincount(rows, minlength=len(self.a_hat))
 
 
 def twin_credit(
@@ -319,66 +362,6 @@ def combine(
     return out
 
 
-#: Quantiles of the twin term ``omega A_hat / sigma_hat`` logged per update.
-TERM_QUANTILES = (0.5, 0.9, 0.99)
-
-
-def twin_stats(credit: TwinCredit, plan: BranchPlan, twins: Sequence[EpisodeRecord], *,
-               omega: float = 1.0, scale: float = 1.0) -> dict:
-    """Per-update diagnostics: twin correlations, self-twin and tie shares, branch
-    probability, and the size of the twin term ``omega A_hat / sigma_hat`` over the
-    branched decisions (quantiles of its absolute value, and its maximum)."""
-    kept = [(u, v) for (_, u, v, _, k), tw in zip(credit.pairs, twins) if k and not tw.self_twin]
-    n = len(twins)
-    out = {
-        "twins": n,
-        "self_twin_share": float(np.mean([tw.self_twin for tw in twins])) if n else float("nan"),
-        "same_evidence_share": float(np.mean([evidence_exponent(tw) for tw in twins])) if n else float("nan"),
-        "tie_share": float(np.mean([u == v for (_, u, v, _, _) in credit.pairs])) if n else float("nan"),
-        "mean_q": float(np.mean(plan.q)) if len(plan.q) else float("nan"),
-        "branched_share": float(np.mean(plan.branched)) if len(plan.branched) else float("nan"),
-        "rho": pair_correlation(kept),
-        "rho_per_decision": within_decision_rho(credit.pairs),
-        "sigma_hat": float(scale),
-    }
-    term = np.abs(omega * credit.a_hat[np.asarray(plan.branched, dtype=bool)] / scale)
-    for qq in TERM_QUANTILES:
-        out[f"twin_term_q{round(qq * 100)}"] = float(np.quantile(term, qq)) if term.size else float("nan")
-    out["twin_term_max"] = float(term.max()) if term.size else float("nan")
-    return out
-
-
-def within_decision_rho(pairs: Sequence[tuple[int, float, float, int, bool]]) -> float:
-    """``rho-bar`` from the kept pairs of decisions with at least two of them: each pair is
-    centred on its decision's means of ``U`` and ``U'`` and the centred pairs are pooled
-    (:func:`~twice_envs.agents.stats.per_decision_rho`). It needs ``J >= 2``
-    independent pairs (a star shares one ``U``); NaN otherwise."""
-    by: dict[int, list[tuple[float, float]]] = {}
-    for r, u, v, _, k in pairs:
-        if k:
-            by.setdefault(r, []).append((u, v))
-    rows = [np.asarray(p, dtype=np.float64) for p in by.values() if len(p) >= 2]
-    if not rows:
-        return float("nan")
-    u = np.concatenate([p[:, 0] for p in rows])
-    v = np.concatenate([p[:, 1] for p in rows])
-    mu = np.concatenate([np.full(len(p), p[:, 0].mean()) for p in rows])
-    mv = np.concatenate([np.full(len(p), p[:, 1].mean()) for p in rows])
-    return per_decision_rho(u, v, mu, mv)
-
-
-def pair_correlation(pairs: Sequence[tuple[float, float]]) -> float:
-    """Pearson correlation of ``(U, U')`` pooled over twin pairs of all decisions (NaN if
-    either side is constant). It counts correlation *between* states too (good states
-    give high ``U`` and ``U'`` alike); :func:`within_decision_rho` does not."""
-    if len(pairs) < 2:
-        return float("nan")
-    a = np.asarray(pairs, dtype=np.float64)
-    if a[:, 0].std() == 0 or a[:, 1].std() == 0:
-        return float("nan")
-    return float(np.corrcoef(a[:, 0], a[:, 1])[0, 1])
-
-
 # --------------------------------------------------------------------------- the training step
 
 
@@ -386,9 +369,10 @@ def plan_batch(factual: Sequence[EpisodeRecord], config: TwiceConfig, state: "pr
                rng: np.random.Generator, *, update: int) -> tuple[BranchPlan, np.ndarray, np.ndarray]:
     """The branch plan of a whole factual batch: ``(plan, features, eta)``.
 
-    The predictor (fitted on earlier batches' twins) gives ``eta_t`` per decision; lambda is
+    The predictor (fitted on earlier batches' twins) gives ``eta_t`` per decision and the twin cost
+    ratio ``r`` of earlier updates (:attr:`~.predictor.PredictorState.twin_cost_ratio`); lambda is
     bisected over every decision of the batch at once, so the expected accounted tokens
-    ``sum_t q_t c_t`` equal ``beta`` x the batch's policy tokens (:func:`accounted_tokens`).
+    ``sum_t q_t E[cost_t]`` equal ``beta`` x the batch's policy tokens (:func:`accounted_tokens`).
     Every caller plans a batch this way: the trainer, the lab and the verl trainer.
     """
     X = predictor.decision_features(factual)
@@ -396,7 +380,9 @@ def plan_batch(factual: Sequence[EpisodeRecord], config: TwiceConfig, state: "pr
     success = (predictor.predict_success(state, predictor.success_features(factual))
                if config.branching == "mixed" else None)
     cost_scale = state.cost_scale if config.cost_calibration else 1.0
-    plan = plan_branches(factual, config, eta, rng, update=update, cost_scale=cost_scale, success=success)
+    ratio = state.twin_cost_ratio if config.cost_ratio else 1.0
+    plan = plan_branches(factual, config, eta, rng, update=update, cost_scale=cost_scale, success=success,
+                         cost_ratio=ratio)
     return plan, X, eta
 
 
@@ -421,11 +407,18 @@ def fit_predictor(state: "predictor.PredictorState", factual: Sequence[EpisodeRe
 
 
 def budget_stats(twins, plan: BranchPlan, config: TwiceConfig) -> dict:
-    """The budget's figures for one batch: target, planned, accounted and generated tokens."""
+    """The budget's figures for one batch: target, planned (``sum_t q_t E[cost_t]``), accounted (self-twins
+    charged their alternative turn, skipped twins in full: :func:`accounted_tokens`) and generated tokens,
+    the tokens the realised self-twins freed (accounted as if none were a self-twin, minus accounted) and
+    the plan's twin cost ratio."""
+    accounted = accounted_tokens(plan, config, twins.records)
+    full = float(np.dot(np.asarray(plan.branched, dtype=np.float64), plan.costs)) * plan.cost_ratio
     return {"aux_target": float(plan.budget),
-            "aux_planned": float(np.dot(plan.q, plan.costs)) * twins_per_decision(config),
-            "aux_accounted": accounted_tokens(plan, config),
-            "aux_generated": int(twins.aux_tokens)}
+            "aux_planned": float(np.dot(plan.q, plan.unit_costs(config))),
+            "aux_accounted": accounted,
+            "aux_generated": int(twins.aux_tokens),
+            "aux_self_freed": full * twins_per_decision(config) - accounted,
+            "twin_cost_ratio": float(plan.cost_ratio)}
 
 
 def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan: BranchPlan, config: TwiceConfig,
@@ -433,7 +426,7 @@ def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan
     """Run the twins of a branch plan through ``ctx`` and score them.
 
     Returns ``(twins, credit, scale, stats, state)``, with the budget's figures in ``stats``
-    and the twin scale (and the cost calibration of the ablation) tracked in ``state``."""
+    and the twin scale, the twin cost ratio (and the cost calibration of the ablation) tracked in ``state``."""
     tw = ctx.need("twins")(ctx.policy, factual, plan.branched_decisions, config, ctx.sampling, ctx.rng,
                            noise_seed=ctx.noise_seed)
     credit = twin_credit(factual, tw.records, plan, tw.kept, config)
@@ -443,6 +436,8 @@ def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan
     stats.update(budget_stats(tw, plan, config))
     state = predictor.calibrate_cost(state, tw.aux_tokens, stats["aux_planned"])
     state = predictor.track_twin_scale(state, credit.a_hat[plan.branched])
+    state = predictor.track_twin_cost(state, *budget_rules.twin_cost_sample(
+        plan, list(tw.records) + list(tw.replicas), list(tw.kept) + [True] * len(tw.replicas)))
     stats["cost_scale"] = state.cost_scale
     return tw, credit, scale, stats, state
 
@@ -460,7 +455,8 @@ def twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditRe
     stats.update(fit)
     stats["warmup"] = ctx.update < config.warmup_updates  # q fixed at warmup_q: not planned to the budget
     # each decision's coins and twin credit, for the records (not a metric)
-    stats["decisions"] = {"index": plan.index, "q": plan.q, "branched": plan.branched, "a_hat": credit.a_hat}
+    stats["decisions"] = {"index": plan.index, "q": plan.q, "branched": plan.branched, "a_hat": credit.a_hat,
+                          "realised": credit.realised}
     terms = combine(factual, plan.index, credit.a_hat, replace(config, trajectory_term=False), scale)
     return CreditResult(terms, tw.aux_tokens, stats, new_state)
 

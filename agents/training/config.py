@@ -138,12 +138,22 @@ def cpu_config(**overrides: Any) -> TrainConfig:
     return replace(TrainConfig(), **overrides)
 
 
+#: The published run length and learning-rate warm-up, in updates.
+PUBLISHED_UPDATES = 400
+PUBLISHED_WARMUP_UPDATES = 20
+
+
 def published_config(**overrides: Any) -> TrainConfig:
-    """The method's published settings for real models (256 questions, G = 5, lr 1e-6, 500-token turns)."""
+    """The method's published settings for real models: 400 updates of 256 questions, G = 5, lr 1e-6 after a
+    linear warm-up of 20 updates, 500-token turns, 4 minibatches (PPO mini-batches of 64 questions).
+
+    The scheduler steps once per optimiser step, so the warm-up is ``20 x minibatches`` steps (of the
+    overridden ``minibatches`` too) unless ``warmup_steps`` is given."""
+    minibatches = overrides.get("minibatches", 4)
     base = TrainConfig(
         questions_per_update=256, group_size=5, max_turns=None, max_new_tokens=500, temperature=1.0, top_p=1.0,
-        lr=1e-6, critic_lr=1e-5, warmup_steps=10, minibatches=4, updates=200, eval_questions=500, eval_every=10,
-        checkpoint_every=10, threads=0,
+        lr=1e-6, critic_lr=1e-5, warmup_steps=PUBLISHED_WARMUP_UPDATES * minibatches, minibatches=minibatches,
+        updates=PUBLISHED_UPDATES, eval_questions=500, eval_every=10, checkpoint_every=10, threads=0,
     )
     return replace(base, **overrides)
 
@@ -172,5 +182,5 @@ def read_run_config(file: os.PathLike) -> TrainConfig:
         raise DataFormatError(file, None, f"expected a JSON object of training settings, found a {type(data).__name__}")
     try:
         return TrainConfig.from_json(data)
-    except TypeError as exc:  # unknown or misspelt fields
+    except (TypeError, ValueError) as exc:  # unknown or misspelt fields, values of the wrong kind
         raise DataFormatError(file, None, f"not a training config: {exc}") from None

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from twice_envs.agents.credit import predictor as pred
-from twice_envs.agents.credit.registry import check_env, get_method
+from twice_envs.agents.credit.registry import check_env, factual_group_size, get_method
 from twice_envs.agents.rollout.episodes import rollout
 from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.agents.training.checkpoint import (
@@ -48,7 +48,7 @@ from twice_envs.agents.training.evaluate import evaluate, indexed_split_size, ma
 from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.agents.training.loss import LossConfig, pack_micro_batches, packed_length, ppo_loss, token_logprobs
 from twice_envs.agents.types import measure_means
-from twice_envs.agents.records import RUN_EPISODES, append_lines, batch_lines, keep_batches
+from twice_envs.agents.records import RUN_EPISODES, append_lines, batch_lines, keep_batches, write_lines
 from twice_envs.errors import DataFormatError, TwiceError
 from twice_envs.keys import credit_rng
 from twice_envs.trajectory import atomic_write_text
@@ -181,7 +181,7 @@ def sample_batch(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     else:
         idx = state.rng.choice(pool, size=min(config.questions_per_update, pool), replace=False)
     noise_seed = int(state.rng.integers(0, 2**62))
-    group_size = config.group_size * get_method(config.method).rollouts
+    group_size = factual_group_size(config.method, config.group_size)
     episodes = rollout(state.policy, config.env, make_tasks(idx, config.train_split, indexed),
                        group_size=group_size, sampling=sampling, env_kwargs=config.env_kwargs,
                        noise_seed=noise_seed, max_turns=config.max_turns, window=config.window)
@@ -314,7 +314,7 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
         # a previous run's checkpoint must not be resumed into this run's metrics later
         (ckpt / "state.pt").unlink(missing_ok=True)
         atomic_write_text(metrics_path, "")
-        atomic_write_text(out / RUN_EPISODES, "")
+        write_lines(out / RUN_EPISODES, [])
     atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=1))
     pool, indexed = training_pool(config)
     results = []

@@ -20,3 +20,16 @@ def test_cost_bench_measures_each_method_against_grpo_in_the_same_run():
 def test_cost_bench_refuses_updates_it_would_skip_entirely():
     with pytest.raises(ValueError, match="must exceed skip"):
         run_cost(CostConfig(methods=("grpo",), updates=1, skip=1))
+
+
+def test_the_lab_table_sets_every_method_beside_the_published_tok_column():
+    """Break: a tree method given G roots (no registered roots share) spends about 2.5x GRPO's tokens, not 1.0x."""
+    res = run_cost(CostConfig(env="SearchToy-v0", methods=("grpo-2x", "tree-grpo"), updates=3, skip=1, questions=6,
+                              n_boot=200))
+    rows = res["methods"]
+    assert rows["grpo-2x"]["published_tokens"] == 2.0 and rows["tree-grpo"]["published_tokens"] == 1.0
+    assert rows["grpo-2x"]["tokens_vs_grpo"]["value"] == pytest.approx(2.0, abs=0.3)
+    assert rows["tree-grpo"]["tokens_vs_grpo"]["value"] == pytest.approx(1.0, abs=0.15)
+    assert rows["grpo"]["matches_published"] is True
+    text = format_cost(res)
+    assert "published" in text and "1.00x" in text and "2.00x" in text

@@ -81,10 +81,53 @@ def test_twice_plans_every_batch_at_its_budget_and_its_accounted_tokens_keep_it(
     assert ratio == pytest.approx(1.0, abs=0.03)
 
 
-def test_cost_calibration_is_an_ablation_that_overspends_the_budget():
-    from twice_envs.agents.credit.twice import TwiceConfig
+def test_cost_calibration_is_an_ablation_that_scales_every_cost_by_earlier_realised_over_planned():
+    """Twice plans on c_t net of its self-twins; the ablation also divides the budget by what earlier updates
+    realised per planned token (here half), so it plans twice the target: the accounted tokens leave beta."""
+    from twice_envs.agents.credit import predictor, twice
+    from twice_envs.agents.types import EpisodeRecord, TurnRecord
+    from twice_envs.keys import NoiseKey
 
-    runs = _run_twice(TwiceConfig(beta=0.7, warmup_updates=2, cost_calibration=True), updates=5)
-    after = [st for u, st in runs if u >= 2]
-    assert all(st["cost_scale"] < 1 for st in after)  # twins cost less than planned ...
-    assert all(st["aux_planned"] > 1.05 * st["aux_target"] for st in after)  # ... so more is branched
+    eps = [EpisodeRecord("E", 0, {}, group=0, utility=float(u),
+                         turns=[TurnRecord([1] * 4, [-5.0] * 4, "x", NoiseKey(1, t)) for t in range(3)])
+           for u in (0, 1)]
+    state = predictor.PredictorState(cost_realised=50.0, cost_expected=100.0)
+    for calibrated, planned in ((False, 0.7 * 24), (True, 2 * 0.7 * 24)):
+        config = twice.TwiceConfig(beta=0.7, warmup_updates=0, q_min=0.0, cost_calibration=calibrated)
+        plan, _, _ = twice.plan_batch(eps, config, state, np.random.default_rng(0), update=1)
+        assert float(np.dot(plan.q, plan.unit_costs(config))) == pytest.approx(planned, rel=1e-6)
+
+
+def test_the_twin_cost_sample_counts_continued_twins_that_are_not_self_twins():
+    from types import SimpleNamespace
+
+    from twice_envs.agents.types import EpisodeRecord, TurnRecord
+    from twice_envs.keys import NoiseKey
+
+    def twin(t, tokens, **kw):
+        return EpisodeRecord("E", 0, {}, twin_of=(0, t), branch=1,
+                             turns=[TurnRecord([1] * tokens, [0.0] * tokens, "x", NoiseKey(1, t))], **kw)
+
+    plan = SimpleNamespace(index=[(0, 0), (0, 1), (0, 2)], costs=np.array([4.0, 3.0, 2.0]))
+    records = [twin(0, 5), twin(1, 1, self_twin=True), twin(2, 1)]
+    # the self-twin and the twin the evidence coin stopped (kept False) are left out
+    assert budget.twin_cost_sample(plan, records, [True, True, False]) == (5.0, 4.0)
+
+
+def test_pairs_and_stars_plan_each_twin_and_replica_net_of_self_twins():
+    """Break: replicas planned whatever their twins (no 1 - p^K factor) give 14, not 13."""
+    from types import SimpleNamespace
+
+    from twice_envs.agents.credit.twice import TwiceConfig
+    from twice_envs.agents.types import EpisodeRecord
+
+    cfg = TwiceConfig(pairs=2, star=2)
+    # c = 4, len = 1, p = 1/2: four twins of 4 - 1/2 x 3 and one replica of 4, run unless both its twins are selves
+    assert budget.expected_twin_costs([4.0], [1.0], [0.5], cfg) == pytest.approx([4 * 2.5 + 4 * 0.75])
+    assert budget.expected_twin_costs([4.0], [1.0], [0.0], cfg) == pytest.approx([4.0 * budget.twins_per_decision(cfg)])
+    plan = SimpleNamespace(index=[(0, 0)], costs=np.array([4.0]), branched=np.array([True]), turn_costs=np.array([1.0]),
+                           cost_ratio=1.0)
+    twin = lambda pair, self_twin: EpisodeRecord("E", 0, {}, twin_of=(0, 0), pair=pair, self_twin=self_twin)  # noqa: E731
+    # pair 1's twins are both self-twins: they cost a turn each and its replica nothing; pair 0's one self-twin a turn
+    recs = [twin(0, True), twin(0, False), twin(1, True), twin(1, True)]
+    assert budget.accounted_tokens(plan, cfg, recs) == pytest.approx(5 * 4 - 3 * 3 - 4)

@@ -95,3 +95,20 @@ def test_success_model_learns_which_prefixes_succeed():
     assert state.weights.tolist() == [0.0] * predictor.NUM_FEATURES  # the discordance model is untouched
     back = predictor.PredictorState.from_json(state.to_json())
     assert back.success_weights.tolist() == state.success_weights.tolist()
+
+
+def test_a_self_twin_is_as_likely_as_the_factual_turn_itself():
+    turns = [TurnRecord([1, 2], [np.log(0.5), np.log(0.4)], "ab", NoiseKey(1, 0)),
+             TurnRecord([3], [], "c", NoiseKey(1, 1)),  # no log-probs: unknown, planned at full cost
+             TurnRecord([], [], "", NoiseKey(1, 2))]
+    ep = EpisodeRecord("E", 0, {}, turns=turns)
+    np.testing.assert_allclose(predictor.self_twin_probability([ep]), [0.2, 0.0, 0.0])
+
+
+def test_the_twin_cost_ratio_starts_at_one_and_survives_a_checkpoint():
+    state = predictor.PredictorState()
+    assert state.twin_cost_ratio == 1.0
+    state = predictor.track_twin_cost(state, 30.0, 20.0)
+    state = predictor.track_twin_cost(state, 10.0, 10.0)
+    assert state.twin_cost_ratio == pytest.approx((0.7 * 30 + 10) / (0.7 * 20 + 10))
+    assert predictor.PredictorState.from_json(state.to_json()).twin_cost_ratio == state.twin_cost_ratio

@@ -122,7 +122,7 @@ def test_warmup_branches_everything_with_probability_point_three():
     assert np.all(plan.q == 0.3)
     plan = twice.plan_branches(eps, TwiceConfig(), np.full(6, 0.5), rng, update=10)
     assert np.all(plan.q < 1.0) and np.isfinite(plan.lam)
-    spent = float(np.dot(plan.q, plan.costs))
+    spent = float(np.dot(plan.q, plan.unit_costs(TwiceConfig())))  # costs net of the predicted self-twins
     assert spent == pytest.approx(0.7 * 12, rel=0.03)
 
 
@@ -209,3 +209,69 @@ def test_final_turn_twins_are_never_same_evidence(toy_batch, coupled_twins):
     earlier = [tw for (i, t), tw in zip(index, coupled_twins) if t < len(episodes[i].turns) - 1 and not tw.self_twin]
     assert len(last) > 100 and not any(tw.same_evidence for tw in last)
     assert any(tw.same_evidence for tw in earlier)  # same lights earlier on are same evidence
+
+
+def _halves():
+    """One episode of two one-token turns, each drawn with probability 1/2: a twin's alternative repeats the
+    factual turn with probability 1/2 (a self-twin, costing its one-token alternative turn)."""
+    turns = [TurnRecord([7], [np.log(0.5)], "a", NoiseKey(1, t)) for t in range(2)]
+    return [EpisodeRecord("E", 0, {}, group=0, turns=turns, utility=1.0)]
+
+
+def test_self_twins_free_their_budget_and_the_ablation_plans_them_at_full_cost():
+    # c = (2, 1), len = (1, 1), p = 1/2: expected costs (1.5, 1) with the shortcut, (2, 1) without;
+    # target 0.5 x 2 tokens = 1; eta = 1/2 each: q = lambda sqrt(eta / E), sum q E = 1
+    eps, eta = _halves(), np.full(2, 0.5)
+    with_cut = TwiceConfig(beta=0.5, q_min=0.0)
+    without = replace(with_cut, self_twin_shortcut=False)
+    a = twice.plan_branches(eps, with_cut, eta, np.random.default_rng(8), update=99)
+    b = twice.plan_branches(eps, without, eta, np.random.default_rng(8), update=99)
+    np.testing.assert_allclose(a.unit_costs(with_cut), [1.5, 1.0])
+    np.testing.assert_allclose(b.unit_costs(without), [2.0, 1.0])
+    lam_a, lam_b = 1 / (np.sqrt(0.75) + np.sqrt(0.5)), 1 / (1 + np.sqrt(0.5))
+    np.testing.assert_allclose(a.q, lam_a * np.sqrt(0.5 / np.array([1.5, 1.0])), rtol=1e-9)
+    np.testing.assert_allclose(b.q, lam_b * np.sqrt(0.5 / np.array([2.0, 1.0])), rtol=1e-9)
+    # the same coin (0.327 for decision 0) branches it with the shortcut (q 0.367) and not without (q 0.293)
+    assert a.branched.tolist() == [True, False] and b.branched.tolist() == [False, False]
+
+
+def test_a_self_twin_is_charged_its_alternative_turn_and_the_others_their_full_cost():
+    eps = _halves()
+    plan = twice.plan_branches(eps, TwiceConfig(), None, np.random.default_rng(0), update=0)
+    plan.branched = np.array([True, True])
+    self_twin = EpisodeRecord("E", 0, {}, twin_of=(0, 0), branch=1, self_twin=True)
+    other = EpisodeRecord("E", 0, {}, twin_of=(0, 1), branch=1)
+    assert twice.accounted_tokens(plan, TwiceConfig()) == 3.0  # no records: c_0 + c_1
+    assert twice.accounted_tokens(plan, TwiceConfig(), [self_twin, other]) == 1.0 + 1.0  # len_0 + c_1
+    plan.cost_ratio = 2.0  # a twin that is not a self-twin costs 2 c_t; a self-twin still its turn
+    assert twice.accounted_tokens(plan, TwiceConfig(), [self_twin, other]) == 1.0 + 2.0
+
+
+def test_no_self_twin_shortcut_changes_what_is_branched_and_generated_in_the_lab():
+    from twice_envs.agents.credit.ablations import apply_ablations
+    from twice_envs.agents.lab import toy
+    from twice_envs.agents.lab.runner import lab_runners
+    from twice_envs.agents.lab.search_toy import search_toy_policy
+    from twice_envs.agents.rollout.twins import credit_step
+
+    policy = search_toy_policy()
+    eps, envs = toy.toy_rollouts(policy, 12, 5, noise_seed=4)
+    out = {}
+    for name, cfg in (("full", TwiceConfig(warmup_updates=0)),
+                      ("ablation", apply_ablations(TwiceConfig(warmup_updates=0), ["no-self-twin-shortcut"]))):
+        tf, vf = lab_runners(envs)
+        res = credit_step("twice", policy, eps, config=cfg, sampling=None, rng=np.random.default_rng(1), update=0,
+                          noise_seed=0, twins_fn=tf, values_fn=vf)
+        out[name] = res
+    full, abl = out["full"].stats, out["ablation"].stats
+    assert full["self_twin_share"] > 0.1 and abl["self_twin_share"] == 0  # identical alternatives are continued
+    assert full["branched_share"] > abl["branched_share"]  # the freed budget branches more decisions
+    assert full["aux_self_freed"] > 0 and abl["aux_self_freed"] == 0
+    assert out["full"].aux_tokens != out["ablation"].aux_tokens
+
+
+def test_realised_pairs_count_the_kept_twins_of_each_decision():
+    """Break: counting the twins the evidence coin dropped gives decision 1 a pair it never realised."""
+    credit = twice.TwinCredit(np.zeros(3), np.full(3, np.nan),
+                              [(0, 1.0, 1.0, 0, True), (0, 1.0, 0.0, 0, True), (1, 0.0, 1.0, 1, False)])
+    assert credit.realised.tolist() == [2, 0, 0]

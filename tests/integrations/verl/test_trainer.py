@@ -64,11 +64,10 @@ def test_lambda_is_solved_once_over_the_batch(tokenizer, monkeypatch):
     t = _trainer(server, tokenizer, warmup_updates=0, beta=0.5)
     phase, _, _ = _step(t, monkeypatch, server, tokenizer, step=1)
     plan, cfg, factual = phase.plan, phase.config, phase.factual
-    per_decision = twice.twins_per_decision(cfg)
+    unit = plan.unit_costs(cfg)  # c_t for every twin and replica, net of the predicted self-twins
     assert len(plan.index) == sum(len(ep.turns) for ep in factual) and len(factual) == 9
-    assert np.dot(plan.q, plan.costs) * per_decision == pytest.approx(cfg.beta * twice.policy_tokens(factual),
-                                                                      rel=1e-9)
-    one_lambda = np.clip(plan.lam * np.sqrt(phase.eta / (plan.costs * per_decision)), cfg.q_min, 1.0)
+    assert np.dot(plan.q, unit) == pytest.approx(cfg.beta * twice.policy_tokens(factual), rel=1e-9)
+    one_lambda = np.clip(plan.lam * np.sqrt(phase.eta / unit), cfg.q_min, 1.0)
     assert plan.q == pytest.approx(one_lambda, rel=1e-12)
     assert 0 < plan.branched.sum() < len(plan.index) and 0 < plan.q.min() and plan.q.max() < 1
     metrics = twin_phase.phase_metrics(phase)
