@@ -40,6 +40,8 @@ NEEDS: dict[str, str] = {
                    "turn's observation (envs whose tasks have a gold answer)",
     "branches": "further factual episodes grown from the batch's turn boundaries on fresh noise, trained on "
                 "as factual episodes (the step returns the batch the loss trains on)",
+    "exact_advantages": "the exact advantage A*(s_t, y_t) of every turn (the credit lab's policies, whose values "
+                        "are exact; envs whose has_exact_values is True)",
 }
 
 #: The needs that fork the factual episodes (an env that cannot fork cannot serve them).
@@ -100,6 +102,8 @@ class CreditContext:
             ``branches``): for each ``(episode, turn)`` of ``nodes``, a new factual episode that copies the
             episode's turns before ``turn`` (its ``prefix``) and plays on from there on fresh noise, taking
             turn ``turn`` afresh; in ``nodes`` order.
+        exact_advantages: ``(policy, episodes) -> list of arrays`` (need ``exact_advantages``): per episode, the
+            exact ``A*(s_t, y_t)`` of each turn under ``policy`` (the credit lab's dynamic programme).
     """
 
     policy: Any = None
@@ -115,14 +119,18 @@ class CreditContext:
     critic: Any = None
     answer_probs: Optional[Callable] = None
     run_branches: Optional[Callable] = None
+    exact_advantages: Optional[Callable] = None
 
     def need(self, name: str) -> Any:
         """The runner of auxiliary or further factual rollouts (``twins``, ``values``, ``branches``), the
-        ``critic`` or the ``answer_probs`` function, or an error naming what is missing."""
+        ``critic``, the ``answer_probs`` or the ``exact_advantages`` function, or an error naming what is missing."""
         fn = {"twins": self.run_twins, "values": self.run_values, "branches": self.run_branches,
-              "critic": self.critic, "answer_probs": self.answer_probs}[name]
+              "critic": self.critic, "answer_probs": self.answer_probs,
+              "exact_advantages": self.exact_advantages}[name]
         if fn is None:
-            what = {"critic": "a critic", "answer_probs": "an answer probs function"}.get(name, f"{name} rollouts")
+            what = {"critic": "a critic", "answer_probs": "an answer probs function",
+                    "exact_advantages": "exact advantages (only the credit lab's policies have them)"}.get(
+                name, f"{name} rollouts")
             raise ValueError(f"this credit method needs {what}, but the caller gave none")
         return fn
 
@@ -148,6 +156,9 @@ class CreditMethod:
         rollouts: factual rollouts per task, as a multiple of the run's group size (an integer
             >= 1): every caller that samples the factual batch samples ``group_size * rollouts``
             episodes per task and hands the method all of them (``grpo-2x``: 2).
+        roots: a tree method's share of the group size sampled as roots (in (0, 1); None: all of it):
+            callers sample :func:`factual_group_size` episodes per task, and the method grows its batch
+            from them to the tokens of ``group_size`` episodes (need ``branches`` or ``twins``).
     """
 
     name: str
@@ -159,6 +170,7 @@ class CreditMethod:
     benches: tuple = ()
     verl: Optional[str] = None
     rollouts: int = 1
+    roots: Optional[float] = None
 
     def __call__(self, episodes: Sequence[EpisodeRecord], context: CreditContext) -> CreditResult:
         return self.step(episodes, context)
@@ -169,7 +181,8 @@ _REGISTRY: dict[str, CreditMethod] = {}
 
 def register_credit(name: str, *, display: Optional[str] = None, description: str = "", needs: Sequence[str] = (),
                     config: Optional[type] = None, benches: Sequence[str] = (), verl: Optional[str] = None,
-                    rollouts: int = 1, override: bool = False) -> Callable[[Step], Step]:
+                    rollouts: int = 1, roots: Optional[float] = None,
+                    override: bool = False) -> Callable[[Step], Step]:
     """Decorator: register ``step`` as the credit method ``name`` (see :class:`CreditMethod`).
 
     A name registered twice raises unless ``override``; unknown needs or benches raise, and so
@@ -184,12 +197,15 @@ def register_credit(name: str, *, display: Optional[str] = None, description: st
     if isinstance(rollouts, bool) or not isinstance(rollouts, (int, np.integer)) or rollouts < 1:
         raise ValueError(f"credit method {name!r}: rollouts must be an integer >= 1 (a multiple of the group size), "
                          f"got {rollouts!r}")
+    if roots is not None and not (isinstance(roots, (float, int)) and 0 < roots < 1 and rollouts == 1):
+        raise ValueError(f"credit method {name!r}: roots must be a share of the group size in (0, 1), with rollouts 1, "
+                         f"got {roots!r}")
 
     def deco(step: Step) -> Step:
         if name in _REGISTRY and not override:
             raise ValueError(f"credit method {name!r} is already registered (pass override=True to replace it)")
         _REGISTRY[name] = CreditMethod(name, step, display or name, description, frozenset(needs), config,
-                                       tuple(benches), verl, int(rollouts))
+                                       tuple(benches), verl, int(rollouts), None if roots is None else float(roots))
         return step
 
     return deco
@@ -210,6 +226,16 @@ def get_method(name: str) -> CreditMethod:
         raise ValueError(f"unknown credit method {name!r}.{hint} Known: {', '.join(_REGISTRY)}") from None
 
 
+def factual_group_size(method: str, group_size: int) -> int:
+    """Factual episodes per task a caller samples for ``method`` at the run's group size: ``group_size x
+    rollouts``, or for a tree method (``roots``) ``max(1, round(roots x group_size))`` roots, which it grows
+    to ``group_size`` episodes' tokens."""
+    m = get_method(method)
+    if m.roots is None:
+        return int(group_size) * m.rollouts
+    return max(1, int(round(m.roots * int(group_size))))
+
+
 def methods(bench: Optional[str] = None) -> tuple[str, ...]:
     """Registered method names in registration order (only those a bench runs by default, if given)."""
     return tuple(n for n, m in _REGISTRY.items() if bench is None or bench in m.benches)
@@ -220,7 +246,8 @@ def check_env(method: str, env_id: str) -> None:
 
     Methods whose needs fork episodes (:data:`FORK_NEEDS`) need an env id that is registered (a fork
     makes a fresh env of the registered kind); ``gold_answer`` needs an env class whose tasks have a gold
-    answer (its ``has_gold_answer`` attribute, :class:`~twice_envs.core.TextEnv`)."""
+    answer (its ``has_gold_answer`` attribute, :class:`~twice_envs.core.TextEnv`); ``exact_advantages`` needs
+    an env class whose ``has_exact_values`` is True (a credit-lab env)."""
     from twice_envs.registry import entry_point, registry, resolve_id, spec
 
     env_id = resolve_id(env_id)
@@ -233,6 +260,11 @@ def check_env(method: str, env_id: str) -> None:
         if not getattr(cls, "has_gold_answer", False):
             raise ValueError(f"credit method {method!r} needs each task's gold answer, and env {env_id!r} has none "
                              "(IGPO's information gain is the change in the policy's probability of the gold answer)")
+    if "exact_advantages" in m.needs:
+        cls = entry_point(spec(env_id)) if env_id in registry else None
+        if not getattr(cls, "has_exact_values", False):
+            raise ValueError(f"credit method {method!r} uses exact advantages, and env {env_id!r} has none (only "
+                             "the credit lab's envs with exact values do, e.g. SearchToy-v0 and ChoiceLab-v0)")
 
 
 def describe() -> str:

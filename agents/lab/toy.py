@@ -46,7 +46,7 @@ import numpy as np
 import twice_envs
 from twice_envs import NoiseKey, NoiseSchedule
 from twice_envs.agents.rollout.episodes import same_evidence
-from twice_envs.agents.types import EpisodeRecord, TurnRecord
+from twice_envs.agents.types import GROWN_BRANCH, EpisodeRecord, TurnRecord
 from twice_envs.envs.credittoy.env import (
     NUM_ACTIONS,
     NUM_TURNS,
@@ -233,15 +233,20 @@ def _run(policy, envs: list, records: list[EpisodeRecord]) -> None:
 def toy_rollouts(
     policy, n_groups: int, group_size: int = 5, *, noise_seed: int = 0
 ) -> tuple[list[EpisodeRecord], list]:
-    """``n_groups x group_size`` factual episodes; returns the records and their live envs (for forks)."""
+    """``n_groups x group_size`` factual episodes; returns the records and their live envs (for forks).
+
+    A lab policy with ``group_options(noise_seed, group) -> dict`` (a multi-task lab's) gives each group's
+    reset options (its task); every episode of a group gets them, and its record keeps them."""
     envs, records = [], []
     for g in range(n_groups):
+        # a multi-task lab policy names each group's task (reset options); the others have one task
+        task = policy.group_options(noise_seed, g) if hasattr(policy, "group_options") else {}
         for j in range(group_size):
             env = twice_envs.make(policy.env_id, **policy.env_kwargs)
             seed = lab_episode_seed(noise_seed, g, j)
-            env.reset(seed=0, options={"noise_seed": seed})
+            env.reset(seed=0, options={"noise_seed": seed, **task})
             envs.append(env)
-            records.append(EpisodeRecord(policy.env_id, 0, {"noise_seed": seed}, group=g))
+            records.append(EpisodeRecord(policy.env_id, 0, {"noise_seed": seed, **task}, group=g))
     _run(policy, envs, records)
     return records, envs
 
@@ -287,14 +292,14 @@ def lab_branches(policy, episodes: Sequence[EpisodeRecord], envs: list, nodes: S
                                                    BRANCH_STREAMS + 100_003 * (noise_seed % 1_000_000) + j, t))
         forks.append(fork)
         scheds.append(sched)
-        keys.append(sched.with_branch(t, 1).key(t))
+        keys.append(sched.with_branch(t, GROWN_BRANCH).key(t))  # twins of the new turn draw on branches 1..K
     alts = sample_turns(policy, [policy.state(f) for f in forks], keys)
     conts, live, live_recs = [], [], []
     for (i, t), fork, sched, alt, key in zip(nodes, forks, scheds, alts, keys):
         parent = episodes[i]
         rec = EpisodeRecord(parent.env_id, parent.seed, dict(parent.options), group=parent.group, twin_of=(i, t),
-                            branch=1, coupled=False)
-        tw = twin(fork, alt.text, sched, branch=1)
+                            branch=GROWN_BRANCH, coupled=False)
+        tw = twin(fork, alt.text, sched, branch=GROWN_BRANCH)
         obs, r, term, trunc, info = tw.first_step
         rec.turns.append(_turn_record(alt, key, obs, r, info["digest"]))
         conts.append((rec, tw))
@@ -351,6 +356,9 @@ def lab_twins(
         out.append(rec)
         kept.append(True)
         if coupled and self_twins and alt.text == factual.turns[t].text:
+            # the factual episode: only its alternative turn was generated (as the LLM runner records it)
+            ft = factual.turns[t]
+            rec.turns.append(_turn_record(alt, key, ft.obs, ft.reward, ft.digest))
             rec.self_twin, rec.same_evidence, rec.utility = True, True, factual.utility
             continue
         fresh = NoiseSchedule(lab_independent_seed(factual.options["noise_seed"], fresh_salt, t))

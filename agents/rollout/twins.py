@@ -29,7 +29,7 @@ from twice_envs.agents.rollout.episodes import (
     start_twins,
 )
 from twice_envs.agents.sampling.policy import Generation
-from twice_envs.agents.types import EpisodeRecord
+from twice_envs.agents.types import GROWN_BRANCH, EpisodeRecord
 from twice_envs.keys import independent_seed
 
 
@@ -165,8 +165,8 @@ def run_branches(policy, factual: Sequence[EpisodeRecord], nodes: Sequence[tuple
     (turn ``turn`` sampled afresh, fresh noise from there on) grown onto the episode's earlier turns
     (:meth:`~twice_envs.agents.types.EpisodeRecord.grow`). The ``j``-th node's seed depends on its boundary
     and ``j``, so a boundary drawn twice gets two different episodes."""
-    requests = [BranchRequest(i, t, branch=1, coupled=False, noise_seed=independent_seed(noise_seed, i, t, 5000 + j))
-                for j, (i, t) in enumerate(nodes)]
+    requests = [BranchRequest(i, t, branch=GROWN_BRANCH, coupled=False,  # twins of the new turn draw on 1..K
+                              noise_seed=independent_seed(noise_seed, i, t, 5000 + j)) for j, (i, t) in enumerate(nodes)]
     recs = branch_rollouts(policy, factual, requests, sampling=sampling) if requests else []
     return [factual[int(r.twin_of[0])].grow(r) for r in recs]
 
@@ -189,6 +189,7 @@ def credit_step(
     answer_probs_fn=None,
     branches_fn=None,
     records: Optional[list] = None,
+    exact_advantages_fn=None,
 ) -> CreditResult:
     """The per-turn advantages of ``factual`` under the registered credit method ``method``.
 
@@ -196,8 +197,9 @@ def credit_step(
     :func:`run_value_rollouts`, further factual episodes through :func:`run_branches` (an LLM
     policy); ``twins_fn`` / ``values_fn`` / ``branches_fn`` replace them
     (same signatures) for policies that are not LLMs (the credit lab's). ``critic`` and
-    ``answer_probs_fn`` are the caller's critic and gold-answer probabilities, for the methods that
-    need them (:class:`~twice_envs.agents.credit.registry.CreditContext`).
+    ``answer_probs_fn`` are the caller's critic and gold-answer probabilities, and ``exact_advantages_fn``
+    the credit lab's exact advantages, for the methods that need them
+    (:class:`~twice_envs.agents.credit.registry.CreditContext`).
 
     ``records``: a list that receives the step's twin records (each with its evidence coin); with it,
     the factual records are annotated too (:func:`annotate_credit`), so that saved episodes carry
@@ -208,7 +210,7 @@ def credit_step(
     ctx = CreditContext(policy=policy, sampling=sampling, rng=rng, update=update, noise_seed=noise_seed, twice=config,
                         vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_runner,
                         run_values=values_fn or run_value_rollouts, critic=critic, answer_probs=answer_probs_fn,
-                        run_branches=branches_fn or run_branches)
+                        run_branches=branches_fn or run_branches, exact_advantages=exact_advantages_fn)
     res = get_method(method)(factual, ctx)
     batch = factual if res.episodes is None else res.episodes
     if [len(a) for a in res.advantages] != [len(ep.turns) for ep in batch]:

@@ -96,6 +96,8 @@ class SearchToyEnv(TextEnv):
 
     version = "1"
     has_gold_answer = True
+    #: The credit lab holds an exact oracle for its policies here (SearchToy's and TextLab's).
+    has_exact_values = True
 
     def __init__(self, *, hops: int = 3, queries: int = 8, useful: int = 4, horizon: int = 10,
                  reward: str = "binary", max_turns: Optional[int] = None,
