@@ -4,12 +4,13 @@
    against exact advantages on over a thousand decisions, with bootstrap CIs, the
    one-pair ceiling and a scatter per method.
 2. **Learning curves** on SearchToy (:mod:`twice_envs.agents.bench.learn`): exact
-   ``V(s0)`` per update for each method over several seeds, with CI bands.
+   ``V(s0)`` per update for each method over several seeds, with CI bands, every method at one
+   shared learning rate (printed; tuning each method's is ``twice bench learn``'s job).
 3. **The LLM run**: loads the tiny model (the copy shipped with the package), measures
    greedy dev EM on generated single-hop SearchQA questions, trains GRPO and Twice for
-   the same number of updates on the same questions, measures dev EM again, audits the
-   Twice policy's credit on the dev questions whose group has mixed outcomes, and
-   writes the learning curves and the audit plot.
+   the same number of updates on the same questions at one shared learning rate (printed),
+   measures dev EM again, audits the Twice policy's credit on the dev questions whose group
+   has mixed outcomes, and writes the learning curves and the audit plot.
 4. **A summary** that says which differences are statistically significant.
 5. **The explorer** (``twice view``): one HTML file with every run's episodes and twins, the
    learning curves and both audits' scatters.
@@ -56,6 +57,8 @@ class DemoConfig:
     """Learning curves: seeds per method."""
     learn_updates: int = 15
     """Learning curves: updates per seed."""
+    learn_lr: float = 1.0
+    """Learning curves: the one step size every method shares (not tuned; ``twice bench learn`` tunes)."""
     updates: int = 6
     """LLM run: updates per method (6 keeps the whole demo under 10 minutes on two cores)."""
     questions_per_update: int = 6
@@ -90,7 +93,9 @@ def run_lab_stages(cfg: DemoConfig, out: Path, say=print) -> dict:
     print(lab.format_lab(audit), end="")
     apaths = lab.write_lab(audit, out / "lab")
     say(f"learning curves on SearchToy: {cfg.learn_seeds} seeds x {cfg.learn_updates} updates per method")
-    lcfg = bench_learn.LearnConfig(seeds=cfg.learn_seeds, updates=cfg.learn_updates, groups=6, seed=cfg.seed)
+    # one shared step size, not tuned (tuning every method would exceed the demo's time): the report says so
+    lcfg = bench_learn.LearnConfig(seeds=cfg.learn_seeds, updates=cfg.learn_updates, groups=6, seed=cfg.seed,
+                                   lr_grid=(), lr=cfg.learn_lr)
     learn = bench_learn.run_learn(lcfg)
     print(bench_learn.format_learn(learn), end="")
     lpaths = bench_learn.write_learn(learn, out / "lab")
@@ -115,21 +120,23 @@ def summary_lines(lab_res: dict) -> list[str]:
             continue
         f = r["final"]
         sep = f["lo"] > g["hi"] or f["hi"] < g["lo"]
-        lines.append(f"final exact V(s0): {m} {f['value']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}] vs GRPO {g['value']:.3f} "
+        lines.append(f"final exact V(s0) at one shared learning rate lr={r['lr']:g} (not a method's win): "
+                     f"{m} {f['value']:.3f} [{f['lo']:.3f}, {f['hi']:.3f}] vs GRPO {g['value']:.3f} "
                      f"[{g['lo']:.3f}, {g['hi']:.3f}]: " + ("CIs do not overlap" if sep else "CIs overlap"))
     return lines
 
 
 def em_lines(before: dict, runs: dict) -> list[str]:
-    """The dev EM table (95% Wilson intervals) and each method's change and Twice's lead over GRPO,
-    paired question by question (greedy decoding, the same questions), with 95% intervals."""
+    """The dev EM table (95% Wilson intervals; each method's learning rate) and each method's change and
+    Twice's difference from GRPO at their shared learning rate, paired question by question (greedy
+    decoding, the same questions), with 95% intervals."""
     def em(e: dict) -> str:
         return f"{e['em']:.3f} [{e['em_ci'][0]:.2f}, {e['em_ci'][1]:.2f}]"
 
-    lines = [f"{'':<8}{'dev EM before':>22}{'dev EM after':>22}{'s/update':>10}{'aux/policy tokens':>19}"]
+    lines = [f"{'':<8}{'dev EM before':>22}{'dev EM after':>22}{'s/update':>10}{'aux/policy tokens':>19}{'lr':>8}"]
     for method, r in runs.items():
         lines.append(f"{method:<8}{em(before):>22}{em(r['after']):>22}{r['seconds_per_update']:>10.1f}"
-                     f"{r['realised_beta']:>19.2f}")
+                     f"{r['realised_beta']:>19.2f}{r.get('lr', float('nan')):>8g}")
 
     def change(label: str, after: list, base: list) -> str:
         c = paired_change(after, base)
@@ -140,7 +147,8 @@ def em_lines(before: dict, runs: dict) -> list[str]:
     for method, r in runs.items():
         lines.append(change(f"{method} after - before", r["after"]["outcomes"], before["outcomes"]))
     if {"grpo", "twice"} <= set(runs):
-        lines.append(change("twice - grpo after training", runs["twice"]["after"]["outcomes"],
+        shared = f" at one shared learning rate lr={runs['twice']['lr']:g}" if "lr" in runs["twice"] else ""
+        lines.append(change(f"twice - grpo after training{shared}", runs["twice"]["after"]["outcomes"],
                             runs["grpo"]["after"]["outcomes"]))
     return lines
 
@@ -180,7 +188,8 @@ def run_demo(cfg: DemoConfig, *, env: str = "SearchQA-v0", model: str = "tiny", 
         # the demo owns its folder: a second ``twice demo`` replaces the first one's runs
         metrics = train(run_cfg, progress=progress, overwrite=True, policy=trained[method])
         after = evaluate(trained[method], run_cfg)
-        results[method] = {"after": after, "seconds_per_update": sum(m["time"] for m in metrics) / len(metrics),
+        results[method] = {"after": after, "lr": run_cfg.lr,
+                           "seconds_per_update": sum(m["time"] for m in metrics) / len(metrics),
                            "realised_beta": sum(m["aux_tokens"] for m in metrics) / max(1, sum(m["generated_tokens"] for m in metrics))}
         # record dev EM before and after in the run's metrics so the plot shows both
         mfile = Path(run_cfg.out_dir) / "metrics.jsonl"

@@ -295,8 +295,8 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
         done = dict(zip(keys, _run_all(cfg, [(cfg, env_id, method, seed, setting,
                                               saved_curves.get((env_id, method, seed), []),
                                               before_by_seed[seed]["all"]["outcomes"]) for method, seed in keys], log)))
-        for method in cfg.methods:
-            env_res["methods"][method] = _method_summary([done[method, seed] for seed in cfg.seeds])
+        for method in cfg.methods:  # one learning rate for every method (LLM training is too costly to tune)
+            env_res["methods"][method] = {**_method_summary([done[method, seed] for seed in cfg.seeds]), "lr": cfg.lr}
         env_res["pairs"] = method_pairs(env_res["methods"])
         env_res["train_pairs"] = training_pairs(env_res["methods"])
         results["envs"][env_id] = env_res
@@ -488,10 +488,25 @@ def ordering(success: dict) -> str:
     return out
 
 
+def lr_label(results: dict, methods: dict) -> str:
+    """How the methods' learning rates compare: ``at one shared learning rate lr=...`` (the bench trains
+    every method at ``--lr``, untuned), the rates if they differ, or that none was recorded."""
+    default = (results.get("config") or {}).get("lr")
+    lrs = {m: x.get("lr", default) for m, x in methods.items()}
+    if any(v is None for v in lrs.values()):
+        return "at learning rates not recorded"
+    if len(set(lrs.values())) == 1:
+        return f"at one shared learning rate lr={next(iter(lrs.values())):g}"
+    return "at learning rates " + ", ".join(f"{m} {v:g}" for m, v in lrs.items())
+
+
 def report(results: dict) -> str:
-    """The results as text: a table per env, the ordering, and whether the intervals separate 5 points."""
+    """The results as text: a table per env, the ordering, and whether the intervals separate 5 points.
+    Every comparison names the learning rates it was measured at: at one shared learning rate, untuned,
+    a difference is not a method's win (a method whose update is larger gains from the rate alone)."""
     lines = []
     for env_id, r in results["envs"].items():
+        shared = lr_label(results, r["methods"])
         b = r["before"]["all"]
         lines.append(f"{env_id} (start model {r['model']}): before {b['success']:.3f} "
                      f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, valid {b['valid_share']:.3f}, "
@@ -514,13 +529,14 @@ def report(results: dict) -> str:
                     f"{c['update']}: {c['change']:+.3f} [{c['change_ci'][0]:+.3f}, {c['change_ci'][1]:+.3f}]"
                     for c in x["curve"]))
         if ms:
-            lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}))
+            lines.append("  ordering: " + ordering({m: x["success"] for m, x in ms.items()}) + f" ({shared}, not "
+                         "tuned per method: an order here is not a method's win)")
             better = [m for m, x in ms.items() if x.get("improves")]
             lines.append(f"  improve on the start model (paired interval above 0): {', '.join(better) or 'none'} "
                          f"of {len(ms)}")
             pairs = r.get("pairs") or {}
             if pairs:
-                lines.append("  paired differences between methods (same tasks and noise), 95% CI:")
+                lines.append(f"  paired differences between methods (same tasks and noise) {shared}, 95% CI:")
                 for name, x in pairs.items():
                     ci = x["change_ci"]
                     sig = "significant" if ci[0] > 0 or ci[1] < 0 else "not significant"
@@ -533,7 +549,7 @@ def report(results: dict) -> str:
             train_pairs = r.get("train_pairs") or {}
             if train_pairs:
                 lines.append("  paired training differences (updates that sampled the same tasks with the same luck; "
-                             "t interval over them), 95% CI:")
+                             f"t interval over them) {shared}, 95% CI:")
                 for name, x in train_pairs.items():
                     sig = "significant" if x["significant"] else "not significant"
                     lines.append(f"    {name}: {x['measure']} {x['mean']:+.3f} [{x['ci'][0]:+.3f}, {x['ci'][1]:+.3f}] over "

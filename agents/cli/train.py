@@ -20,6 +20,7 @@ from twice_envs.agents.models.load import (
     shipped_model_config,
 )
 from twice_envs.agents.models.recipes import MODEL_NAMES, NAMED_MODELS, play_settings
+from twice_envs.agents.models.runs import TRUST_HELP, checked_run_config
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
 from twice_envs.agents.training.trainer import read_metrics, train
@@ -106,6 +107,8 @@ def train_main(argv: Sequence[str]) -> int:
     budget = budget_summary(read_metrics(metrics)) if metrics.exists() else None
     if budget is not None:
         print(format_budget(budget, cfg.twice.beta))
+    print(f"{cfg.method} trained at learning rate lr={cfg.lr:g}, not tuned (kept in config.json): another method's "
+          "run at the same rate compares with it at one shared learning rate, which says nothing of either's best")
     print(f"metrics: {Path(cfg.out_dir) / 'metrics.jsonl'}\ncheckpoint: {Path(cfg.out_dir) / 'checkpoint'}")
     return 0
 
@@ -134,18 +137,24 @@ def format_budget(b: dict, beta: float) -> str:
 
 
 def eval_main(argv: Sequence[str]) -> int:
-    """``twice eval --checkpoint RUN [--env ENV]``: greedy EM and F1 per dataset."""
+    """``twice eval --checkpoint RUN [--env ENV] [--trust-kwargs]``: greedy EM and F1 per dataset.
+
+    A run folder's ``config.json`` passes the trust rule first (:func:`checked_run_config`)."""
     p = argparse.ArgumentParser(prog="twice eval", description="Greedy evaluation (EM and F1 per dataset).")
     p.add_argument("--checkpoint", required=True, help="run directory, its checkpoint/, or a shipped model (" + ", ".join(MODEL_NAMES) + ")")
     p.add_argument("--env", default=None)
     p.add_argument("--split", default="dev")
     p.add_argument("--questions", type=int, default=None)
+    p.add_argument("--trust-kwargs", action="store_true", help=TRUST_HELP)
     a = p.parse_args(argv)
     if a.checkpoint in MODEL_NAMES:
         cfg = shipped_model_config(a.checkpoint, a.env or "SearchQA-v0")
         policy = load_policy(a.checkpoint)
     else:
+        checked = checked_run_config(a.checkpoint, env=a.env, trusted=a.trust_kwargs)  # before the model loads
         policy, cfg = load_run_policy(a.checkpoint)
+        if checked is not None:  # the run's env by the registry key the check found, never a module to import
+            cfg = replace(cfg, env=checked.env)
     if a.env:
         cfg = replace(cfg, env=a.env)
     res = evaluate(policy, cfg, questions=a.questions, split=a.split)

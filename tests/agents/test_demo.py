@@ -18,12 +18,13 @@ def test_demo_pipeline_writes_runs_plots_and_audit(tmp_path, capsys):
     res = run_demo(cfg, env="CreditToy-v0", load=lambda: small_policy(0), overrides=overrides)
     captured = capsys.readouterr()
     assert "dev EM before" in captured.out and "learning curves:" in captured.out
-    assert "twice - grpo after training:" in captured.out
+    assert "twice - grpo after training at one shared learning rate lr=" in captured.out
     assert "summary (credit lab" in captured.out and "twice J1 vs crr J1" in captured.out
-    assert "final exact V(s0)" in captured.out
+    assert "final exact V(s0) at one shared learning rate lr=1 (not a method's win)" in captured.out
+    assert "one shared lr=1 for every method, not tuned" in captured.out
     methods = [r["method"] for r in res["lab"]["rows"]]
     # the diagnostic rows, then the registered methods without one (their update's advantage)
-    diagnostic = ["grpo", "gigpo", "twice J1", "crr J1", "vineppo K1", "vineppo K2", "twice-train"]
+    diagnostic = ["grpo", "grpo 2G", "gigpo", "twice J1", "crr J1", "vineppo K1", "vineppo K2", "twice-train"]
     # Twice's update row next to its training-time credit, then every other registered method
     assert methods == diagnostic + ["twice"] + [m for m in registered_methods() if m not in diagnostic + ["twice"]]
     assert len(res["lab"]["learn"]["methods"]["twice"]["curve"]) == 3
@@ -86,3 +87,12 @@ def test_em_lines_give_intervals_and_paired_changes():
     assert lines[3] == "grpo after - before: +0.000 [+0.000, +0.000], not significant (20 questions, paired)"
     assert lines[4].startswith("twice after - before: +0.500 [+0.275, +0.725], significant")
     assert lines[5].startswith("twice - grpo after training: +0.500")
+
+
+def test_the_llm_comparison_names_its_shared_learning_rate():
+    """Break: dropping the rate from the twice - grpo line -> "at one shared learning rate" is missing."""
+    before = {"em": 0.1, "em_ci": [0.05, 0.2], "outcomes": [1.0] * 2 + [0.0] * 18}
+    run = {"after": before, "seconds_per_update": 1.0, "realised_beta": 0.0, "lr": 2e-4}
+    lines = em_lines(before, {"grpo": run, "twice": run})
+    assert lines[0].endswith("lr") and lines[1].endswith("0.0002")
+    assert lines[-1].startswith("twice - grpo after training at one shared learning rate lr=0.0002: +0.000")

@@ -107,6 +107,7 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
     assert r["methods"]["grpo"]["aux_tokens_per_update"] == 0 == r["methods"]["gigpo"]["aux_tokens_per_update"]
     text = gb.report(res)
     assert "ordering:" in text and "5-point difference" in text and "valid after" in text and "mixed groups" in text
+    assert all(x["lr"] == cfg.lr for x in r["methods"].values()) and f"one shared learning rate lr={cfg.lr:g}" in text
     assert "improve on the start model" in text
     # every two methods pair up on their shared evaluation noise (5 methods: 10 pairs)
     assert len(r["pairs"]) == 10 and r["pairs"]["grpo - twice"]["change"] == pytest.approx(
@@ -277,6 +278,25 @@ def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
     text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"grpo-2x": method, "tree-grpo": method},
                                      "pairs": hyphens}}})
     assert list(hyphens) == ["grpo-2x - tree-grpo"] and "    grpo-2x - tree-grpo: +0.333" in text
+
+
+def test_every_comparison_names_the_learning_rate_it_was_measured_at():
+    """Break: leaving the rate out of the ordering line -> "at one shared learning rate lr=0.0002" is missing."""
+    a, b = [1, 1, 0, 1, 0, 1] * 20, [0, 1, 0, 0, 0, 1] * 20
+    method = {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "aux_tokens_per_update": 0,
+              "seconds_per_update": 1.0, "train_invalid_share": 0.1}
+    ep = {"all": {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "valid_share": 0.8}}
+    pairs = gb.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}})
+    env = {"model": "m", "before": ep, "methods": {"twice": method, "grpo": method}, "pairs": pairs}
+    text = gb.report({"config": {"lr": 2e-4}, "envs": {"X": env}})
+    assert "ordering: twice = grpo (at one shared learning rate lr=0.0002, not tuned per method: an order here is " \
+           "not a method's win)" in text
+    assert "paired differences between methods (same tasks and noise) at one shared learning rate lr=0.0002" in text
+    # rates of their own are named each; none recorded says so
+    env["methods"] = {"twice": {**method, "lr": 1e-4}, "grpo": {**method, "lr": 3e-4}}
+    assert "at learning rates twice 0.0001, grpo 0.0003" in gb.report({"envs": {"X": env}})
+    env["methods"] = {"twice": method, "grpo": method}
+    assert "at learning rates not recorded" in gb.report({"envs": {"X": env}})
 
 
 def test_t_quantiles_and_the_paired_mean_interval():

@@ -25,8 +25,11 @@ def test_train_eval_audit_plot_commands(tmp_path, capsys):
     assert train_main(args + ["--method", "twice", "--ablation", "star"]) == 0
     rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows] == [1, 2]
-    err = capsys.readouterr().err
+    captured = capsys.readouterr()
+    err = captured.err
     assert "[twice] update 1/2  reward " in err and "[twice] update 2/2  reward " in err
+    lr = json.loads((run / "config.json").read_text())["lr"]
+    assert f"twice trained at learning rate lr={lr:g}, not tuned" in captured.out
     # the run folder is taken now: --overwrite starts it again (quietly with --no-progress)
     with pytest.raises(RunExistsError):
         train_main(args + ["--method", "twice", "--ablation", "star"])

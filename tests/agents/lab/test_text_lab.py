@@ -232,7 +232,7 @@ def test_policy_gradient_is_the_score_of_the_log_probabilities():
         assert np.allclose(g, fd, atol=1e-6) and np.abs(g).max() > 0.01
     # bench learn trains the TextLab policy through the same call
     cfg = bench_learn.LearnConfig(env="TextLab-v0", text_setting=replace(tl.TextLabSetting(), horizon=4), seeds=1,
-                                  updates=2, groups=3, methods=("grpo",))
+                                  updates=2, groups=3, methods=("grpo",), lr_grid=())
     res = bench_learn.run_learn(cfg)
     assert len(res["methods"]["grpo"]["curve"]) == 3
     assert res["methods"]["grpo"]["curve"][0] == pytest.approx(tl.text_lab_policy(cfg.text_setting).value)
