@@ -35,7 +35,16 @@ their MSE. Twice's diagnostic rows are compared with the diagnostic baselines at
 auxiliary tokens (a comparison with a baseline that spends none says so), its update row with
 CRR's at the same budget.
 
-Every figure has a 95% percentile bootstrap CI that resamples audited episodes
+The rows print as the published credit table (each method's raw per-decision credit: ``grpo``,
+``grpo 2G`` for GRPO (2x), ``gigpo`` or ``gigpo raw``, ``vineppo K2``, ``crr J1``, ``twice J1``), then the
+diagnostic rows, then the update credit, labelled supplementary (:mod:`~twice_envs.agents.lab.table2`).
+``twice J1``'s coupled twin and ``crr J1``'s independent counterfactual at every decision give the
+coupling figures (:mod:`~twice_envs.agents.lab.coupling`): rho-bar, the oracle-free lower bound
+``1 - Var(D coupled) / Var(D independent)``, tie and self-twin shares, and what coupling is worth in
+the budget of independent counterfactuals. ``decisions`` audits further episodes of each group until
+that many decisions are audited.
+
+Every figure has a 95% percentile bootstrap CI that resamples audited questions
 (their decisions share outcomes): wrong-sign rate among decisions with
 ``|A*| >= 0.05`` (credit strictly of the opposite sign), zero-credit share there,
 Pearson correlation with ``A*``, MSE relative to GRPO's, the ``J``-pair ceiling
@@ -73,12 +82,14 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+import twice_envs
 from twice_envs.agents import stats as cs
 from twice_envs.agents.credit import crr, twice, vineppo
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.registry import check_env, get_method
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.lab.coupling import coupling_summary, summarize_pair_set, write_coupling
 from twice_envs.agents.lab.plots import plot_credit_scatter
 from twice_envs.agents.lab.runner import (
     LAB_ENVS,
@@ -92,9 +103,17 @@ from twice_envs.agents.lab.runner import (
     row_stats,
     write_breakdowns,
     write_budget,
-    write_method_table,
+)
+from twice_envs.agents.lab.table2 import (
+    GIGPO_RAW,
+    GROUP_2X,
+    enlarged_group_credit,
+    gigpo_raw,
+    mark_tables,
+    write_tables,
 )
 from twice_envs.agents.models.load import load_policy, load_run_policy, shipped_model_config
+from twice_envs.agents.models.runs import TRUST_HELP, checked_run_config
 from twice_envs.agents.models.recipes import MODEL_NAMES
 from twice_envs.agents.rollout.episodes import (
     BranchRequest,
@@ -165,6 +184,9 @@ class AuditConfig:
     """Name tasks by ``{"split", "index"}`` reset options."""
     seed: int = 0
     """Noise seed of the audit."""
+    decisions: int = 0
+    """Audit at least this many decisions where the sampled groups hold them: after the first episode of
+    every group, the second of every group, and so on (0: the first episode of each group only)."""
 
 
 @dataclass
@@ -209,6 +231,11 @@ class AuditResult:
     records: tuple = ()
     """``(factual episodes, twins)``: every sampled factual episode and the coupled twin of pair 0 of
     each audited decision (its ``twin_of`` names the episode's index and the turn), for the explorer."""
+    coupling: dict = field(default_factory=dict)
+    """The coupling figures (:func:`~twice_envs.agents.lab.coupling.coupling_summary`; rho-bar from the
+    estimated oracle), where both pair sets were run."""
+    table2: list = field(default_factory=list)
+    """The published table's methods and their rows (:func:`~twice_envs.agents.lab.table2.mark_tables`)."""
 
     def row(self, method: str) -> dict:
         return next(r for r in self.rows if r["method"] == method)
@@ -297,9 +324,10 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
                   env_kwargs=config.env_kwargs, noise_seed=config.seed, max_turns=config.max_turns,
                   window=config.window)
     utilities = [e.utility for e in eps]
-    audited = [g * config.group_size for g in range(config.questions)]
+    firsts = [g * config.group_size for g in range(config.questions)]
     if config.mixed_only:
-        audited = mixed_groups(utilities, config.group_size)
+        firsts = mixed_groups(utilities, config.group_size)
+    audited = audited_episodes(firsts, [len(e.turns) for e in eps], config.group_size, config.decisions)
     decisions = [(i, t) for i in audited for t in range(len(eps[i].turns))]
     if not decisions:
         raise NothingToAudit(
@@ -326,6 +354,17 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
     # GiGPO as the reference scripts train this env, its invalid-action penalty reported apart (the oracle has none)
     credit["gigpo"], penalty = gigpo_row(eps, config.env, decisions)
     aux["gigpo"], pairs_of["gigpo"] = 0, 0
+    raw = gigpo_raw(eps, config.env, decisions)
+    if raw is not None:  # the published table scores GiGPO before its groups' standard deviations divide it
+        credit[GIGPO_RAW], aux[GIGPO_RAW], pairs_of[GIGPO_RAW] = raw, 0, 0
+    # GRPO (2x)'s raw credit: each group enlarged by the further episodes its update row samples (the same ones);
+    # its tokens are the share of theirs that falls on the audited episodes
+    extras = {}
+    more = extra_factual(policy, config, sampling, get_method("grpo-2x").rollouts, extras)
+    credit[GROUP_2X] = enlarged_group_credit(util, groups, [e.utility for e in more], [e.group for e in more],
+                                             [i for i, _ in decisions])
+    share = sum(eps[i].num_generated_tokens for i in audited) / max(1, sum(e.num_generated_tokens for e in eps))
+    aux[GROUP_2X], pairs_of[GROUP_2X] = int(round(share * sum(e.num_generated_tokens for e in more))), 0
     # GRPO's normalised term, the part of every update's advantage that comes from the group
     a_traj_ep = episode_advantages(utilities, [e.group for e in eps])
     a_traj = np.array([a_traj_ep[i] for i, _ in decisions])
@@ -381,25 +420,43 @@ def run_audit(policy, config: AuditConfig, *, log=lambda msg: None) -> AuditResu
         credit["twice"] = a_traj + TwiceConfig().omega * a_hat / scale  # A_traj + omega A_hat / sigma_hat
         aux["twice"], pairs_of["twice"] = res.aux_tokens, 0
         budget["twice"] = {**res.stats, "aux_generated": res.aux_tokens}
-    skipped = other_update_rows(policy, config, eps, decisions, sampling, credit, aux, pairs_of, budget, log)
+    skipped = other_update_rows(policy, config, eps, decisions, sampling, credit, aux, pairs_of, budget, extras, log)
     log("audit: credit computed; bootstrapping")
+    row_of = {d: k for k, d in enumerate(decisions)}
+    self_twin = np.zeros(len(decisions), dtype=bool)
+    for r in pair0:
+        self_twin[row_of[tuple(r.twin_of)]] = r.self_twin
     result = summarize_audit(config, oracle, np.array([i for i, _ in decisions]), np.array([t for _, t in decisions]),
-                           credit, aux, pairs_of, pair_sets, v_before, v_after, ptoks, len(audited), utilities,
-                           budget, oracle_se, penalty, diagnostic)
+                           credit, aux, pairs_of, pair_sets, v_before, v_after, ptoks,
+                           len({eps[i].group for i in audited}), utilities, budget, oracle_se, penalty, diagnostic,
+                           self_twin=self_twin, groups=np.array([eps[i].group for i, _ in decisions]))
     result.skipped = skipped
     result.records = (list(eps), pair0)
     return result
 
 
+def extra_factual(policy, config: AuditConfig, sampling, rollouts: int, cache: dict) -> list:
+    """The further factual episodes of a method sampling ``rollouts`` x the group size: ``(rollouts - 1) G``
+    more per question on fresh noise (:func:`~twice_envs.keys.audit_seed` ``(seed, "extra-factual",
+    index=rollouts)``), sampled once per multiple and kept in ``cache``."""
+    if rollouts not in cache:
+        cache[rollouts] = rollout(policy, config.env, _tasks(config), group_size=config.group_size * (rollouts - 1),
+                                  sampling=sampling, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
+                                  window=config.window,
+                                  noise_seed=audit_seed(config.seed, "extra-factual", index=rollouts))
+    return cache[rollouts]
+
+
 def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, credit, aux, pairs_of, budget,
-                      log=lambda msg: None) -> dict:
+                      extras=None, log=lambda msg: None) -> dict:
     """Add a row, in place, for every registered method without one: the advantage its registered step gives
     the audited decisions when it runs on the whole factual batch (every group, so group terms are the
     groups'; a method sampling ``rollouts > 1`` times the group size gets the further episodes on fresh
-    noise, and their tokens count as its auxiliary ones). Twin terms are planned at the budget from the
-    first update (no warm-up). Returns ``{method: why}`` for the methods left out: those needing a critic
-    trained over updates, and those the env cannot serve (:func:`~twice_envs.agents.credit.registry.check_env`)."""
-    skipped = {}
+    noise, :func:`extra_factual`, shared through ``extras``, and their tokens count as its auxiliary ones).
+    Twin terms are planned at the budget from the first update (no warm-up). Returns ``{method: why}`` for
+    the methods left out: those needing a critic trained over updates, and those the env cannot serve
+    (:func:`~twice_envs.agents.credit.registry.check_env`)."""
+    skipped, extras = {}, ({} if extras is None else extras)
     for k, name in enumerate(registered_methods()):
         if name in credit:
             continue
@@ -412,11 +469,7 @@ def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, cre
         except ValueError as exc:
             skipped[name] = str(exc)
             continue
-        extra = []
-        if method.rollouts > 1:
-            extra = rollout(policy, config.env, _tasks(config), group_size=config.group_size * (method.rollouts - 1),
-                            sampling=sampling, env_kwargs=config.env_kwargs, max_turns=config.max_turns,
-                            window=config.window, noise_seed=audit_seed(config.seed, "extra-factual", index=k))
+        extra = extra_factual(policy, config, sampling, method.rollouts, extras) if method.rollouts > 1 else []
         seed = audit_seed(config.seed, "update-rows", index=k)
         res = credit_step(name, policy, list(eps) + list(extra), config=TwiceConfig(beta=config.beta, warmup_updates=0),
                           sampling=sampling, rng=np.random.default_rng(seed), update=0, noise_seed=seed,
@@ -432,22 +485,35 @@ def other_update_rows(policy, config: AuditConfig, eps, decisions, sampling, cre
 
 def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, pairs_of, pair_sets, v_before, v_after,
                     policy_tokens=0, questions=0, group_utilities=(), budget=None,
-                    oracle_se=None, gigpo_penalty=None, diagnostic=None) -> AuditResult:
-    """The rows with CIs, the pair table, the per-turn table and the comparisons (``oracle_se``:
-    the standard error of each decision's ``A*``, kept on the result; none by default).
+                    oracle_se=None, gigpo_penalty=None, diagnostic=None, *, self_twin=None,
+                    groups=None) -> AuditResult:
+    """The rows with CIs (marked by table, :func:`~twice_envs.agents.lab.table2.mark_tables`), the pair
+    table, the coupling figures, the per-turn table and the comparisons (``oracle_se``: the standard error
+    of each decision's ``A*``, kept on the result; none by default).
 
     ``diagnostic``: the names of the diagnostic rows (default: every row), among which Twice's
     equal-token comparisons are made; the others hold update credit. ``budget``: each budgeted
     update row's credit-step statistics (its comparisons with Twice's update row are made at the
-    same budget)."""
+    same budget). ``groups``: what the bootstrap resamples (default: the audited ``episodes``; several
+    audited episodes of one question share its group). The coupling figures need both pair sets
+    (``twice``: coupled, ``crr``: independent) and ``self_twin``, each decision's flag (default: none)."""
     budget = budget or {}
-    idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=episodes, seed=config.seed))
+    groups = episodes if groups is None else groups
+    idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=groups, seed=config.seed))
     rho = {name: (p[:, 0], p[:, 1], v_after, v_before) for name, p in pair_sets.items()}
     rows = [row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
                        rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
+    # Twice's training-time A_hat is diagnostic too (compared at the budget, not at equal tokens)
+    table2 = mark_tables(rows, list(credit) if diagnostic is None else list(diagnostic) + ["twice-train"])
     pair_rows = [summarize_pair_set(name, p, oracle, config.threshold) for name, p in pair_sets.items()]
     for pr in pair_rows:
         pr["rho_bar"] = cs.per_decision_rho(*rho[pr["method"]])
+    coupling = {}
+    if {"twice", "crr"} <= set(pair_sets):
+        tw, ind = pair_sets["twice"], pair_sets["crr"]
+        flags = np.zeros(len(oracle), dtype=bool) if self_twin is None else self_twin
+        coupling = coupling_summary(tw[:, 0], tw[:, 1], ind[:, 1], v_after, v_before, flags, idx,
+                                    oracle="estimated")
     methods = [m for m in SHOWN_ROWS if m in credit]
     names = list(credit) if diagnostic is None else diagnostic
     comparisons = equal_token_comparisons(oracle, {n: credit[n] for n in names}, aux, idx, config.threshold)
@@ -458,13 +524,28 @@ def summarize_audit(config: AuditConfig, oracle, episodes, turns, credit, aux, p
                        policy_tokens, questions, list(group_utilities),
                        budget={n: budget_figures(st) for n, st in budget.items()},
                        gigpo_penalty=gigpo_penalty or {},
-                       oracle_se=np.zeros(0) if oracle_se is None else np.asarray(oracle_se, float))
+                       oracle_se=np.zeros(0) if oracle_se is None else np.asarray(oracle_se, float),
+                       coupling=coupling, table2=table2)
 
 
 def mixed_groups(utilities: Sequence[float], group_size: int) -> list[int]:
     """Index of the first episode of every group (consecutive runs of ``group_size``) whose
     utilities are not all equal."""
     return [g for g in range(0, len(utilities), group_size) if len(set(utilities[g: g + group_size])) > 1]
+
+
+def audited_episodes(firsts: Sequence[int], turns: Sequence[int], group_size: int, decisions: int = 0) -> list[int]:
+    """The audited episodes, in episode order: the first episode of each group (``firsts``), then, while they
+    hold fewer than ``decisions`` decisions (``turns``: each episode's), the second episode of every group in
+    turn, then the third, and so on, stopping as soon as the target is met (or every episode is taken)."""
+    out, n = list(firsts), sum(turns[i] for i in firsts)
+    for k in range(1, group_size):
+        for first in firsts:
+            if n >= decisions:
+                return sorted(out)
+            out.append(first + k)
+            n += turns[first + k]
+    return sorted(out)
 
 
 def summarize(oracle: np.ndarray, credit: dict, aux: dict, threshold: float = cs.THRESHOLD) -> list[dict]:
@@ -486,20 +567,6 @@ def summarize(oracle: np.ndarray, credit: dict, aux: dict, threshold: float = cs
     return rows
 
 
-def summarize_pair_set(name: str, pairs: np.ndarray, oracle: np.ndarray, threshold: float = cs.THRESHOLD) -> dict:
-    """Pooled rho of ``(U, U')``, tie share, reversal share (``D`` against ``A*``'s sign) and ``Var D``."""
-    big = np.abs(oracle) >= threshold
-    d = pairs[:, 0] - pairs[:, 1]
-    return {
-        "method": name,
-        "pairs": "twin" if name == "twice" else "independent",
-        "rho_pooled": cs.pearson(pairs[:, 0], pairs[:, 1]),
-        "tie_share": float(np.mean(d == 0)) if len(d) else float("nan"),
-        "reversal_share": float(np.mean(np.sign(d[big]) == -np.sign(oracle[big]))) if big.any() else float("nan"),
-        "var_d": float(np.var(d)) if len(d) else float("nan"),
-    }
-
-
 def format_table(result: AuditResult) -> str:
     """The audit as text: rows with CIs, pairs, per-turn table, comparisons."""
     out = io.StringIO()
@@ -508,7 +575,7 @@ def format_table(result: AuditResult) -> str:
     res = result.oracle_resolution()
     out.write(f"{cfg.env}: {len(result.oracle)} decisions of {result.questions} questions, oracle A* from "
               f"{cfg.oracle_rollouts} rollouts per state ({n_big} with |A*| >= {cfg.threshold}); policy tokens "
-              f"{result.policy_tokens}; 95% bootstrap CIs over audited episodes\n")
+              f"{result.policy_tokens}; 95% bootstrap CIs over audited questions\n")
     if len(result.oracle_se) and res["resolves"] is None:
         out.write(f"oracle SE of A*: not estimated (fewer than 2 rollouts per state); threshold |A*| >= "
                   f"{cfg.threshold}\n")
@@ -522,7 +589,10 @@ def format_table(result: AuditResult) -> str:
     if n_big == 0:
         out.write("note: no decision changes the expected outcome measurably (the policy's outcomes do not vary on "
                   "these questions), so the credit rates are undefined\n")
-    write_method_table(out, result.rows, name_width=17)
+    if len(result.oracle) < cfg.decisions:
+        out.write(f"note: {len(result.oracle)} decisions, fewer than the {cfg.decisions} asked for: every episode of "
+                  f"the sampled groups is audited; audit more questions for more\n")
+    write_tables(out, result.rows, result.table2, result.policy_tokens, name_width=17)
     for name, why in result.skipped.items():
         out.write(f"{name}: no row ({why})\n")
     write_budget(out, result.budget, result.gigpo_penalty)
@@ -530,6 +600,8 @@ def format_table(result: AuditResult) -> str:
     for r in result.pair_rows:
         out.write(f"{r['pairs']:<12} {r['rho_pooled']:>10.3f} {r['rho_bar']:>8.3f} {r['tie_share']:>6.2f} "
                   f"{r['reversal_share']:>10.3f} {r['var_d']:>7.3f}\n")
+    if result.coupling:
+        write_coupling(out, result.coupling, "questions")
     write_breakdowns(out, result.per_turn, result.comparisons, SHOWN_ROWS, ratios=False)
     return out.getvalue()
 
@@ -546,7 +618,7 @@ def write_outputs(result: AuditResult, out_dir: Path) -> dict:
            "per_turn": result.per_turn, "comparisons": result.comparisons, "policy_tokens": result.policy_tokens,
            "questions": result.questions, "decisions": len(result.oracle), "budget": result.budget,
            "gigpo_penalty": result.gigpo_penalty, "skipped": result.skipped,
-           "oracle_se": result.oracle_resolution()}
+           "oracle_se": result.oracle_resolution(), "table2": result.table2, "coupling": result.coupling}
     paths = {"audit.json": out_dir / "audit.json", "audit_decisions.csv": out_dir / "audit_decisions.csv"}
     atomic_write_text(paths["audit.json"], json.dumps(doc, indent=1, default=float))
     flat = []
@@ -597,6 +669,11 @@ def audit_main(argv: Sequence[str]) -> int:
     p.add_argument("--env-kwargs", default="{}",
                    help="JSON kwargs for the env, over those the model was trained with (e.g. {\"reward\": \"success\"})")
     p.add_argument("--questions", type=int, default=AuditConfig.questions)
+    p.add_argument("--split", default=AuditConfig.split,
+                   help="the split the questions come from, where the env names them by split (default %(default)s)")
+    p.add_argument("--decisions", type=int, default=AuditConfig.decisions,
+                   help="audit at least this many decisions where the groups hold them: further episodes of each "
+                        "group are audited after the first (default: the first episode of each group only)")
     p.add_argument("--oracle-rollouts", type=int, default=AuditConfig.oracle_rollouts,
                    help="independent rollouts per state for the oracle A* (default %(default)s; the table's header "
                         "gives the standard error of A* this leaves)")
@@ -612,17 +689,22 @@ def audit_main(argv: Sequence[str]) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="output directory (default: RUN/audit or audit/)")
+    p.add_argument("--trust-kwargs", action="store_true", help=TRUST_HELP)
     a = p.parse_args(argv)
     if min(a.pairs) < 1 or min(a.vine_k) < 1:
         p.error("--pairs and --vine-k must be >= 1")
     if a.oracle_rollouts < 1:
         p.error("--oracle-rollouts must be >= 1")
+    if a.questions < 1 or a.group_size < 1 or a.decisions < 0:
+        p.error("--questions and --group-size must be >= 1 and --decisions >= 0")
     extra_kwargs = parse_env_kwargs(p, a.env_kwargs)
     if a.checkpoint in MODEL_NAMES:  # played as `twice train` plays it on this env
         tcfg = shipped_model_config(a.checkpoint, a.env)
         policy = load_policy(a.checkpoint)
         out = Path(a.out or "audit")
-    else:
+    else:  # the run's config.json passes the trust rule before the model loads
+        checked_run_config(a.checkpoint, env=a.env, trusted=a.trust_kwargs, exempt=extra_kwargs,
+                           kwargs_follow_env=False)
         policy, tcfg = load_run_policy(a.checkpoint)
         run = Path(a.checkpoint)
         out = Path(a.out) if a.out else (run.parent if run.name == "checkpoint" else run) / "audit"
@@ -633,7 +715,15 @@ def audit_main(argv: Sequence[str]) -> int:
                       max_new_tokens=a.max_new_tokens or tcfg.max_new_tokens, max_turns=tcfg.max_turns,
                       indexed_tasks=tcfg.indexed_tasks, seed=a.seed, pairs=tuple(sorted(set(a.pairs))),
                       vine_k=tuple(sorted(set(a.vine_k))), beta=a.beta, training_row=not a.no_training_row,
-                      n_boot=a.n_boot)
+                      n_boot=a.n_boot, split=a.split, decisions=a.decisions)
+    # where questions are named by split and index (or a split is asked for), the env's own check of the split
+    # and of the last question's index
+    if cfg.indexed_tasks and (indexed_split_size(cfg, cfg.split) is not None or cfg.split != AuditConfig.split):
+        try:
+            twice_envs.make(cfg.env, **cfg.env_kwargs).reset(
+                seed=0, options=make_tasks([cfg.questions - 1], cfg.split, True)[0].options)
+        except ValueError as exc:
+            p.error(f"--split {cfg.split!r} / --questions {cfg.questions}: {exc}")
     res = run_audit(policy, cfg, log=lambda m: print(m, file=sys.stderr))
     print(format_table(res), end="")
     paths = write_outputs(res, out)

@@ -34,6 +34,12 @@ the budgeted rows' accounted and generated tokens against the budget, a per-turn
 paired comparisons of Twice's diagnostic rows with each diagnostic baseline at no more
 auxiliary tokens (a baseline spending none is labelled so), and of Twice's update row with
 the other methods at the same budget.
+
+The rows print as the published credit table (each method's raw per-decision credit; ``grpo 2G``
+is GRPO (2x)'s, over the group enlarged by the further episodes its update row reads), then the
+diagnostic rows, then the update credit, labelled supplementary (:mod:`.table2`); and the coupling
+figures of ``twice J1``'s coupled twin against ``crr J1``'s independent counterfactual at every
+decision, rho-bar exact (:mod:`.coupling`).
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -57,9 +63,17 @@ from twice_envs.agents.credit.predictor import decision_index
 from twice_envs.agents.credit.registry import check_env, get_method
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.lab import toy
+from twice_envs.agents.lab.choice_lab import (
+    ChoiceLabSetting,
+    add_choice_args,
+    choice_lab_policy,
+    choice_setting_from_args,
+)
+from twice_envs.agents.lab.coupling import coupling_summary, write_coupling
 from twice_envs.agents.lab.critic import LabCritic
 from twice_envs.agents.lab.plots import plot_credit_scatter
 from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
+from twice_envs.agents.lab.table2 import GROUP_2X, enlarged_group_credit, format_ci, mark_tables, write_tables
 from twice_envs.agents.lab.text_lab import TextLabSetting, text_lab_policy
 from twice_envs.agents.rollout.twins import Twins, credit_step
 from twice_envs.agents.types import EpisodeRecord
@@ -69,20 +83,25 @@ from twice_envs.noise import KEY_MODES
 from twice_envs.trajectory import atomic_write_text
 from twice_envs.wrappers.twin import twin
 
-LAB_ENVS = ("SearchToy-v0", "CreditToy-v0", "TextLab-v0")
+#: Each lab env's initial policy from the settings :func:`lab_policy` is given (a lab env joins with one entry).
+LAB_POLICIES: dict[str, Callable] = {
+    "SearchToy-v0": lambda setting, text_setting, choice_setting: search_toy_policy(setting),
+    "CreditToy-v0": lambda setting, text_setting, choice_setting: toy.toy_policy(),
+    "TextLab-v0": lambda setting, text_setting, choice_setting: text_lab_policy(text_setting or TextLabSetting()),
+    "ChoiceLab-v0": lambda setting, text_setting, choice_setting: choice_lab_policy(choice_setting
+                                                                                    or ChoiceLabSetting()),
+}
+LAB_ENVS = tuple(LAB_POLICIES)
 
 
 def lab_policy(env: str = "SearchToy-v0", setting: SearchToySetting = SearchToySetting(),
-               text_setting: TextLabSetting | None = None):
+               text_setting: TextLabSetting | None = None, choice_setting: ChoiceLabSetting | None = None):
     """The lab's initial policy for ``env`` (``setting``: SearchToy's; ``text_setting``: TextLab's,
-    default :class:`~twice_envs.agents.lab.text_lab.TextLabSetting`)."""
-    if env == "SearchToy-v0":
-        return search_toy_policy(setting)
-    if env == "CreditToy-v0":
-        return toy.toy_policy()
-    if env == "TextLab-v0":
-        return text_lab_policy(text_setting if text_setting is not None else TextLabSetting())
-    raise ValueError(f"lab env must be one of {LAB_ENVS}, got {env!r}")
+    default :class:`~twice_envs.agents.lab.text_lab.TextLabSetting`; ``choice_setting``: ChoiceLab's,
+    default :class:`~twice_envs.agents.lab.choice_lab.ChoiceLabSetting`)."""
+    if env not in LAB_POLICIES:
+        raise ValueError(f"lab env must be one of {LAB_ENVS}, got {env!r}")
+    return LAB_POLICIES[env](setting, text_setting, choice_setting)
 
 
 # --------------------------------------------------------------------------- running credit on lab policies
@@ -122,8 +141,9 @@ def lab_step_fns(envs: list) -> dict:
     """Every function :func:`~twice_envs.agents.rollout.twins.credit_step` takes from a lab
     policy whose factual episodes live in ``envs``: its twins and value rollouts (:func:`lab_runners`),
     further factual episodes (:func:`~twice_envs.agents.lab.toy.lab_branches`, whose envs join ``envs``,
-    so the twins of a grown episode fork its own env) and the policy's exact probabilities of the gold
-    answer (:func:`~twice_envs.agents.lab.toy.answer_probs`), as ``credit_step``'s keyword arguments
+    so the twins of a grown episode fork its own env), the policy's exact probabilities of the gold
+    answer (:func:`~twice_envs.agents.lab.toy.answer_probs`) and its exact advantages
+    (:func:`~twice_envs.agents.lab.toy.exact_advantages`), as ``credit_step``'s keyword arguments
     (the context hands each to the steps that ask for it)."""
     twins_fn, values_fn = lab_runners(envs)
 
@@ -131,7 +151,7 @@ def lab_step_fns(envs: list) -> dict:
         return toy.lab_branches(policy, factual, envs, nodes, noise_seed=noise_seed)
 
     return {"twins_fn": twins_fn, "values_fn": values_fn, "branches_fn": branches_fn,
-            "answer_probs_fn": toy.answer_probs}
+            "answer_probs_fn": toy.answer_probs, "exact_advantages_fn": toy.exact_advantages}
 
 
 def lab_critic(method: str, policy):
@@ -192,11 +212,13 @@ class LabAuditConfig:
     """What the lab audit samples (defaults: the reported setting, about a minute on two cores)."""
 
     env: str = "SearchToy-v0"
-    """Lab env: SearchToy-v0, CreditToy-v0 or TextLab-v0."""
+    """Lab env (one of :data:`LAB_ENVS`)."""
     setting: SearchToySetting = field(default_factory=SearchToySetting)
     """SearchToy's world and initial policy (ignored for CreditToy and TextLab)."""
     text_setting: TextLabSetting = field(default_factory=TextLabSetting)
     """TextLab's world, initial policy and key layout (TextLab-v0 only)."""
+    choice_setting: ChoiceLabSetting = field(default_factory=ChoiceLabSetting)
+    """ChoiceLab's world and policy (ChoiceLab-v0 only)."""
     groups: int = 240
     """GRPO groups of factual episodes (every decision of every episode is audited)."""
     group_size: int = 5
@@ -238,6 +260,10 @@ class LabAuditResult:
     records: tuple = ()
     """``(factual episodes, twins, decisions)``: the audited episodes and the coupled twin of every
     decision (``twice J1``'s pair 0), in decision order, for the explorer."""
+    coupling: dict = field(default_factory=dict)
+    """The coupling figures (:func:`~twice_envs.agents.lab.coupling.coupling_summary`, exact rho-bar)."""
+    table2: list = field(default_factory=list)
+    """The published table's methods and their rows (:func:`~twice_envs.agents.lab.table2.mark_tables`)."""
 
 
 def row_stats(name, c, oracle, grpo, pairs, aux, idx, threshold, rho=None) -> dict:
@@ -266,7 +292,8 @@ def row_stats(name, c, oracle, grpo, pairs, aux, idx, threshold, rho=None) -> di
 
 def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log=lambda m: None) -> LabAuditResult:
     """Sample, compute every row's credit, and summarise it (see the module)."""
-    policy = policy if policy is not None else lab_policy(config.env, config.setting, config.text_setting)
+    policy = policy if policy is not None else lab_policy(config.env, config.setting, config.text_setting,
+                                                          config.choice_setting)
     eps, envs = toy.toy_rollouts(policy, config.groups, config.group_size, noise_seed=config.seed)
     index = decision_index(eps)
     oracle = np.concatenate(toy.exact_advantages(policy, eps))
@@ -281,6 +308,14 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
 
     credit, aux, pairs_of, rho = {}, {}, {}, {}
     credit["grpo"], aux["grpo"], pairs_of["grpo"] = np.array([u[i] - u[g == g[i]].mean() for i, _ in index]), 0, 0
+    # GRPO (2x)'s raw credit: the groups enlarged by the further episodes its update row samples (the same ones)
+    r2 = get_method("grpo-2x").rollouts
+    extras = {r2: toy.toy_rollouts(policy, config.groups, config.group_size * (r2 - 1),
+                                   noise_seed=config.seed + EXTRA_FACTUAL_NOISE)}
+    more = extras[r2][0]
+    credit[GROUP_2X] = enlarged_group_credit(u, g, [e.utility for e in more], [e.group for e in more],
+                                             [i for i, _ in index])
+    aux[GROUP_2X], pairs_of[GROUP_2X] = sum(e.num_generated_tokens for e in more), 0
     credit["gigpo"], penalty = gigpo_row(eps, policy.env_id, index)
     aux["gigpo"], pairs_of["gigpo"] = 0, 0
     # Twice, diagnostic: pair 0 against the factual episode, further pairs from replicas
@@ -331,8 +366,10 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
         extra, extra_envs = [], []
         rollouts = get_method(name).rollouts
         if rollouts > 1:  # its factual batch: the audited episodes and (rollouts - 1) G more per group
-            extra, extra_envs = toy.toy_rollouts(policy, config.groups, config.group_size * (rollouts - 1),
-                                                 noise_seed=config.seed + EXTRA_FACTUAL_NOISE)
+            if rollouts not in extras:
+                extras[rollouts] = toy.toy_rollouts(policy, config.groups, config.group_size * (rollouts - 1),
+                                                    noise_seed=config.seed + EXTRA_FACTUAL_NOISE)
+            extra, extra_envs = extras[rollouts]
         res, credit[name], aux[name] = update_credit(name, policy, eps, envs, extra, extra_envs, config)
         pairs_of[name] = 0
         if "aux_accounted" in res.stats:
@@ -342,12 +379,16 @@ def run_lab_audit(config: LabAuditConfig = LabAuditConfig(), *, policy=None, log
     idx = list(cs.resample_indices(len(oracle), config.n_boot, groups=groups, seed=config.seed))
     rows = [row_stats(n, credit[n], oracle, credit["grpo"], pairs_of[n], aux[n], idx, config.threshold,
                        rho.get(n.split()[0]) if n in ("twice J1", "crr J1") else None) for n in credit]
+    table2 = mark_tables(rows, diagnostic)
+    # one coupled twin (pair 0) and one independent counterfactual at every decision
+    coupling = coupling_summary(u1, u1 - d_pairs[0], u1 - cf[0][0], v_before + oracle, v_before,
+                                [w.self_twin for w in tw], idx, oracle="exact")
     per_turn = per_turn_table(oracle, credit, turns, config.threshold)
     comparisons = equal_token_comparisons(oracle, diagnostic, aux, idx, config.threshold)
     comparisons += budget_comparisons(oracle, credit, budget_rows, idx, config.threshold)
     budget = {n: budget_figures(st) for n, st in budget_rows.items()}
     return LabAuditResult(config, oracle, groups, turns, credit, aux, pairs_of, rows, per_turn, comparisons, ptoks,
-                          budget, float(np.mean(u)), penalty, (eps, tw, index))
+                          budget, float(np.mean(u)), penalty, (eps, tw, index), coupling=coupling, table2=table2)
 
 
 #: Added to the audit's seed for the noise of the extra factual episodes of a method with ``rollouts > 1``.
@@ -544,26 +585,6 @@ def budget_comparisons(oracle, credit, budget_rows: dict, idx, threshold) -> lis
 # --------------------------------------------------------------------------- output
 
 
-def _ci(e: dict, pct: bool = False) -> str:
-    f = 100.0 if pct else 1.0
-    if not np.isfinite(e["value"]):
-        return "n/a"
-    return f"{e['value'] * f:.3g} [{e['lo'] * f:.3g}, {e['hi'] * f:.3g}]"
-
-
-def write_method_table(out: io.StringIO, rows: Sequence[dict], *, name_width: int) -> None:
-    """One line per method: tokens, then each figure with its 95% CI (the lab's and the LLM audit's table)."""
-    out.write(f"{'method':<{name_width}} {'aux tok':>8} {'wrong-sign %':>20} {'non-zero wrong %':>20} "
-              f"{'zero %':>20} {'Pearson':>22} {'MSE/GRPO':>22} {'ceiling':>8} {'rho-bar':>22}\n")
-    for r in rows:
-        ceil = f"{r['ceiling']['value']:.3f}" if "ceiling" in r else ""
-        rb = _ci(r["rho_bar"]) if "rho_bar" in r else ""
-        nz = _ci(r["wrong_sign_nonzero"], True) if "wrong_sign_nonzero" in r else ""
-        out.write(f"{r['method']:<{name_width}} {r['aux_tokens']:>8d} {_ci(r['wrong_sign'], True):>20} {nz:>20} "
-                  f"{_ci(r['zero_credit'], True):>20} {_ci(r['pearson']):>22} {_ci(r['mse_vs_grpo']):>22} "
-                  f"{ceil:>8} {rb:>22}\n")
-
-
 def write_breakdowns(out: io.StringIO, per_turn: Sequence[dict], comparisons: Sequence[dict],
                      methods: Sequence[str], *, ratios: bool) -> None:
     """The per-turn table of ``methods`` and Twice's comparisons at no more auxiliary tokens
@@ -586,7 +607,7 @@ def write_breakdowns(out: io.StringIO, per_turn: Sequence[dict], comparisons: Se
             verdict = "n/a: the figure is undefined for one of them on these decisions (no comparison)"
         out.write(f"  {c['figure']:<10} {c['twice']} ({c['twice_tokens']} tok) - {c['baseline']} "
                   f"({c['baseline_tokens']} tok): {verdict}"
-                  + (f"; ratio {_ci(c['ratio'])}" if ratios and "ratio" in c else "")
+                  + (f"; ratio {format_ci(c['ratio'])}" if ratios and "ratio" in c else "")
                   + (f"  [{c['label']}]" if "label" in c else "") + "\n")
 
 
@@ -607,8 +628,10 @@ def format_lab(res: LabAuditResult) -> str:
     out.write(f"{res.config.env}: {len(res.oracle)} decisions with exact A* ({n_big} with |A*| >= "
               f"{res.config.threshold}), policy tokens {res.policy_tokens}, mean utility {res.value:.3f}; "
               "95% bootstrap CIs over groups\n")
-    write_method_table(out, res.rows, name_width=12)
+    write_tables(out, res.rows, res.table2, res.policy_tokens, name_width=12)
     write_budget(out, res.budget, res.gigpo_penalty)
+    if res.coupling:
+        write_coupling(out, res.coupling, "groups")
     write_breakdowns(out, res.per_turn, res.comparisons, BREAKDOWN_ROWS, ratios=True)
     return out.getvalue()
 
@@ -621,7 +644,8 @@ def write_lab(res: LabAuditResult, out_dir: Path) -> dict:
     cfg = asdict(res.config)
     doc = {"config": cfg, "rows": res.rows, "per_turn": res.per_turn, "comparisons": res.comparisons,
            "policy_tokens": res.policy_tokens, "budget": res.budget,
-           "gigpo_penalty": res.gigpo_penalty, "decisions": len(res.oracle)}
+           "gigpo_penalty": res.gigpo_penalty, "decisions": len(res.oracle), "table2": res.table2,
+           "coupling": res.coupling}
     atomic_write_text(out_dir / "lab_audit.json", json.dumps(doc, indent=1, default=float))
     buf = io.StringIO()
     names = list(res.credit)
@@ -675,6 +699,7 @@ def add_setting_args(p: argparse.ArgumentParser) -> None:
                    f"(default {t.max_lines})")
     p.add_argument("--max-words", type=int, default=None, help=f"TextLab: words per line at most (default {t.max_words})")
     p.add_argument("--key-mode", choices=KEY_MODES, default=None, help=f"TextLab: key layout (default {t.key_mode})")
+    add_choice_args(p)
 
 
 def lab_main(argv: Sequence[str]) -> int:
@@ -694,13 +719,15 @@ def lab_main(argv: Sequence[str]) -> int:
         p.error("--pairs and --vine-k must be >= 1")
     try:
         text_setting = text_setting_from_args(a) if a.env == "TextLab-v0" else TextLabSetting()
+        choice_setting = choice_setting_from_args(a) if a.env == "ChoiceLab-v0" else ChoiceLabSetting()
     except ValueError as exc:
         p.error(str(exc))
-    cfg = LabAuditConfig(env=a.env, setting=setting_from_args(a), text_setting=text_setting, groups=a.groups,
+    cfg = LabAuditConfig(env=a.env, setting=setting_from_args(a), text_setting=text_setting,
+                         choice_setting=choice_setting, groups=a.groups,
                          pairs=tuple(sorted(set(a.pairs))), vine_k=tuple(sorted(set(a.vine_k))), beta=a.beta,
                          seed=a.seed, n_boot=a.n_boot)
     t0 = time.time()
-    res = run_lab_audit(cfg, policy=lab_policy(cfg.env, cfg.setting, cfg.text_setting),
+    res = run_lab_audit(cfg, policy=lab_policy(cfg.env, cfg.setting, cfg.text_setting, cfg.choice_setting),
                         log=lambda m: print(f"[{time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True))
     print(format_lab(res), end="")
     paths = write_lab(res, Path(a.out))

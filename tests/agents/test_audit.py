@@ -46,11 +46,12 @@ def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
 
     monkeypatch.setattr(audit, "branch_rollouts", keep)
     res = audit.run_audit(small_policy(0), cfg)
-    own = {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2", "twice-train",
-           "twice", "crr", "vineppo"}
-    # every other registered method has an update row, or says why not (a critic to train; no gold answer here)
+    own = {"grpo", "grpo 2G", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2",
+           "twice-train", "twice", "crr", "vineppo"}
+    # every other registered method has an update row, or says why not (a critic to train; no gold answer or exact
+    # values here)
     assert set(res.credit) - own == set(registered_methods()) - own - set(res.skipped)
-    assert res.skipped and all(get_method(m).needs & {"critic", "gold_answer"} for m in res.skipped)
+    assert res.skipped and all(get_method(m).needs & {"critic", "gold_answer", "exact_advantages"} for m in res.skipped)
     assert "grpo-2x" in res.credit and res.aux_tokens["grpo-2x"] > 0  # its further factual episodes
     n = len(res.oracle)
     assert n >= 3 and all(len(c) == n for c in res.credit.values()) and len(res.episodes) == n
@@ -81,6 +82,15 @@ def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
             if np.isfinite(e["lo"]):
                 assert e["lo"] <= e["value"] + 1e-9 and e["value"] <= e["hi"] + 1e-9
     assert "ceiling" in res.row("twice J2") and "ceiling" not in res.row("grpo")
+    # the coupling figures: pair 0's coupled twin and the first independent counterfactual at every decision
+    d_c, d_i = res.credit["twice J1"], res.credit["crr J1"]
+    assert res.coupling["oracle"] == "estimated" and res.coupling["decisions"] == n
+    if np.var(d_i) > 0:
+        assert res.coupling["lower_bound"]["value"] == pytest.approx(1 - np.var(d_c) / np.var(d_i))
+    assert res.coupling["tie_share_coupled"]["value"] == pytest.approx(np.mean(d_c == 0))
+    assert {e["method"]: e["row"] for e in res.table2}["twice"] == "twice J1"
+    assert res.row("twice J1")["table"] == "published" and res.row("twice")["table"] == "update"
+    assert res.row("twice-train")["table"] == res.row("twice J2")["table"] == "diagnostic"
     assert "rho_bar" in res.row("twice J1") and "rho_bar" in res.row("crr J1")
     assert [p["pairs"] for p in res.pair_rows] == ["twin", "independent"]
     assert sum(r["decisions"] for r in res.per_turn) == n
@@ -148,6 +158,17 @@ def test_summaries_carry_bootstrap_intervals_and_per_decision_rho():
                                 {"grpo": 0, "twice J2": 2}, {"twice": np.stack([u, u2], 1)}, v_before, v_after)
     assert two.pair_rows[0]["rho_bar"] == pytest.approx(rho) and "rho_bar" not in two.row("twice J2")
     assert two.row("twice J2")["ceiling"]["value"] > tw["ceiling"]["value"]  # two pairs raise the ceiling
+
+
+def test_an_audit_asked_for_more_decisions_audits_further_episodes_of_each_group():
+    cfg = audit.AuditConfig(env="CreditToy-v0", questions=2, group_size=3, oracle_rollouts=2, max_new_tokens=3,
+                            max_turns=3, indexed_tasks=False, n_boot=20, decisions=8, training_row=False)
+    res = audit.run_audit(small_policy(0), cfg)
+    assert len(res.oracle) >= 8 and res.questions == 2  # three turns per episode: three episodes at least
+    assert set(res.episodes) - {0, 3}  # beyond the first episode of each group
+    assert "fewer than" not in audit.format_table(res)
+    res.config.decisions = 100  # more than the two groups hold: the header says so
+    assert "fewer than the 100 asked for" in audit.format_table(res)
 
 
 def test_mixed_groups_keeps_the_groups_whose_outcomes_differ():
@@ -282,3 +303,84 @@ def test_the_table_says_when_the_oracle_cannot_resolve_the_threshold(tmp_path):
     # exact oracles (no SE given) print no SE line; one rollout per state says it cannot estimate one
     assert "oracle SE" not in audit.format_table(_resolution_result(None))
     assert "not estimated" in audit.format_table(_resolution_result([float("nan")] * 6))
+
+
+def _coupled_case(n_boot=200):
+    """Four decisions tiled 25 times, one audited episode each: U, a coupled twin's U' and an independent
+    counterfactual's U' (D coupled (1, 0, 0, 0): Var 3/16; D independent (1, -1, 0, 1): Var 11/16), the oracle
+    A* = (0.5, -0.5, 0.3, 0.2) and an update credit of the opposite sign to the twin credit."""
+    u, u_twin, u_indep = np.array([1.0, 0, 1, 1]), np.array([0.0, 0, 1, 1]), np.array([0.0, 1, 1, 0])
+    oracle = np.tile([0.5, -0.5, 0.3, 0.2], 25)
+    u, u_twin, u_indep = np.tile(u, 25), np.tile(u_twin, 25), np.tile(u_indep, 25)
+    credit = {"grpo": np.tile([0.4, 0.4, -0.6, -0.2], 25), "twice J1": u - u_twin, "crr J1": u - u_indep,
+              "twice": -(u - u_twin)}
+    aux = {"grpo": 0, "twice J1": 100, "crr J1": 120, "twice": 40}
+    pairs_of = {"grpo": 0, "twice J1": 1, "crr J1": 1, "twice": 0}
+    self_twin = np.tile([False, True, True, False], 25)
+    return audit.summarize_audit(audit.AuditConfig(n_boot=n_boot), oracle, np.arange(100), np.zeros(100, int), credit,
+                                 aux, pairs_of, {"twice": np.stack([u, u_twin], 1), "crr": np.stack([u, u_indep], 1)},
+                                 np.full(100, 0.5), np.full(100, 0.5), policy_tokens=200, questions=100,
+                                 diagnostic=["grpo", "twice J1", "crr J1"], self_twin=self_twin)
+
+
+def test_the_audit_prints_the_lower_bound_and_what_coupling_is_worth(tmp_path):
+    res = _coupled_case()
+    c = res.coupling
+    assert c["oracle"] == "estimated" and c["decisions"] == 100
+    assert c["lower_bound"]["value"] == pytest.approx(1 - (3 / 16) / (11 / 16))  # 8/11, by hand
+    assert 0 < c["lower_bound"]["lo"] < 8 / 11 < c["lower_bound"]["hi"]
+    assert c["rho_bar"]["value"] == pytest.approx(0.5)  # centred on V = 0.5: (.5 -.5 .5 .5).(-.5 -.5 .5 .5) / 1
+    assert c["tie_share_coupled"]["value"] == 0.75 and c["self_twin_share"]["value"] == 0.5
+    worth = c["worth"]["lower_bound"]
+    assert worth["value"] == pytest.approx(11 / 3) and worth["lo"] == pytest.approx(1 / (1 - c["lower_bound"]["lo"]))
+    text = audit.format_table(res)
+    assert "oracle-free lower bound 1 - Var(D coupled) / Var(D independent): 0.727 [" in text
+    assert "rho-bar (estimated oracle): 0.5 [" in text
+    assert f"coupling is worth about 3.67 [{worth['lo']:.3g}, {worth['hi']:.3g}] times the budget of independent " \
+           "counterfactuals here" in text
+    assert "ties (D = 0) %: coupled 75 [" in text and "self-twins % 50 [" in text
+    audit.write_outputs(res, tmp_path)
+    doc = json.loads((tmp_path / "audit.json").read_text())
+    assert doc["coupling"]["lower_bound"]["value"] == pytest.approx(8 / 11) and doc["coupling"]["line"] == c["line"]
+
+
+def test_the_audits_headline_table_is_the_raw_credit(tmp_path):
+    res = _coupled_case(n_boot=50)
+    text = audit.format_table(res)
+    lines = text.splitlines()
+    head = lines.index(next(ln for ln in lines if ln.startswith("published credit table (Table 2)")))
+    sup = lines.index(next(ln for ln in lines if ln.startswith("supplementary: update credit")))
+    twice = next(ln for ln in lines[head:sup] if ln.startswith("Twice "))
+    # one coupled twin, D = (1, 0, 0, 0): never wrong (its ties are never wrong), zero at three in four decisions
+    cells = twice.split()
+    assert cells[1:4] == ["twice", "J1", "1.50x"] and cells[4:7] == ["0", "[0,", "0]"]
+    assert cells[7] == "75" and cells[10:13] == ["0", "[0,", "0]"]  # zero share, then non-zero wrong-sign
+    # the update's advantage (A_traj + omega A_hat / sigma_hat) has the opposite sign: it sits below, labelled
+    update = next(ln for ln in lines[sup:] if ln.startswith("twice "))
+    cells = update.split()
+    assert cells[2] == "25" and cells[8:11] == ["100", "[100,", "100]"]  # wrong wherever it is not zero
+    audit.write_outputs(res, tmp_path)
+    doc = json.loads((tmp_path / "audit.json").read_text())
+    assert {r["method"]: r["table"] for r in doc["rows"]} == {"grpo": "published", "twice J1": "published",
+                                                              "crr J1": "published", "twice": "update"}
+    assert {e["method"]: e["row"] for e in doc["table2"]}["twice"] == "twice J1"
+
+
+def test_audited_episodes_add_further_episodes_of_each_group_up_to_the_decisions_asked_for():
+    turns = [2, 1, 3, 2, 2, 2, 1, 1, 1]  # three groups of three
+    assert audit.audited_episodes([0, 3, 6], turns, 3) == [0, 3, 6]  # 5 decisions: the first of each group
+    assert audit.audited_episodes([0, 3, 6], turns, 3, decisions=6) == [0, 1, 3, 6]
+    assert audit.audited_episodes([0, 3, 6], turns, 3, decisions=9) == [0, 1, 3, 4, 6, 7]
+    assert audit.audited_episodes([0, 3, 6], turns, 3, decisions=100) == list(range(9))  # all there is
+    assert audit.audited_episodes([3], turns, 3, decisions=5) == [3, 4, 5]  # mixed groups only: their episodes
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--questions", "501"], "--split 'dev' / --questions 501: index must be an int in 0..499 for split 'dev'"),
+    (["--split", "nope"], "--split 'nope' / --questions 16: split 'nope' not found"),
+    (["--decisions", "-1"], "--decisions >= 0"),
+])
+def test_the_audit_refuses_questions_the_split_does_not_hold(args, says, capsys):
+    with pytest.raises(SystemExit):
+        audit.audit_main(["--checkpoint", "tiny", "--env", "SearchQA-v0", "--out", "unused"] + args)
+    assert says in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """The credit lab audit and bench learn on small SearchToy settings."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -19,14 +21,14 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     res = small_audit
     rows = {r["method"]: r for r in res.rows}
     # the diagnostic rows, then one row per registered method without one (its update's advantage)
-    diagnostic = {"grpo", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "twice-train"}
+    diagnostic = {"grpo", "grpo 2G", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "twice-train"}
     assert set(rows) == diagnostic | set(registered_methods())
     # GRPO (2x) spends G more factual episodes per group: about the audited batch's own tokens
     assert 0.7 < rows["grpo-2x"]["aux_tokens"] / res.policy_tokens < 1.4
     # Twice's diagnostic comparisons are made among the diagnostic rows; its update credit against the
     # methods spending the same budget
     diag = [c for c in res.comparisons if c["twice"] != "twice"]
-    assert {c["baseline"] for c in diag} == {"grpo", "gigpo", "crr J1", "crr J2", "vineppo K1"}
+    assert {c["baseline"] for c in diag} == {"grpo", "grpo 2G", "gigpo", "crr J1", "crr J2", "vineppo K1"}
     budgeted = {c["baseline"] for c in res.comparisons if c["twice"] == "twice"}
     assert budgeted == set(res.budget) - {"twice"}
     assert {"crr", "crr-added", "tree-grpo", "tree-grpo-coupled", "twice-igpo"} <= budgeted
@@ -58,6 +60,39 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     # GiGPO's credit points the right way (its rows are aligned with the audited decisions)
     assert rows["gigpo"]["pearson"]["lo"] > 0.2 and rows["gigpo"]["aux_tokens"] == 0
     assert "significant" in lab.format_lab(res)
+
+
+def test_lab_audit_prints_the_published_table_and_the_coupling(small_audit, tmp_path):
+    res = small_audit
+    rows = {r["method"]: r for r in res.rows}
+    # the published table: each method's raw per-decision credit; the update rows are supplementary
+    table = {e["method"]: e["row"] for e in res.table2}
+    assert table == {"grpo": "grpo", "grpo-2x": "grpo 2G", "gigpo": "gigpo", "vineppo": None, "crr": "crr J1",
+                     "twice": "twice J1"}  # this audit runs K = 1 only, so VinePPO's row is missing
+    assert {n for n, r in rows.items() if r["table"] == "published"} == set(table.values()) - {None}
+    assert rows["twice"]["table"] == rows["crr"]["table"] == rows["grpo-2x"]["table"] == "update"
+    assert rows["twice J2"]["table"] == rows["twice-train"]["table"] == "diagnostic"
+    # GRPO (2x)'s raw row reads the same further episodes as its update row
+    assert rows["grpo 2G"]["aux_tokens"] == rows["grpo-2x"]["aux_tokens"] > 0
+    # coupling: one coupled twin (twice J1) and one independent counterfactual (crr J1) per decision, exact rho-bar
+    c = res.coupling
+    d_c, d_i = res.credit["twice J1"], res.credit["crr J1"]
+    assert c["oracle"] == "exact" and c["decisions"] == len(res.oracle)
+    assert c["lower_bound"]["value"] == pytest.approx(1 - np.var(d_c) / np.var(d_i))
+    assert c["rho_bar"]["value"] == pytest.approx(rows["twice J1"]["rho_bar"]["value"])
+    assert c["tie_share_coupled"]["value"] == pytest.approx(np.mean(d_c == 0))
+    assert c["tie_share_coupled"]["value"] > c["tie_share_independent"]["value"] and c["self_twin_share"]["value"] > 0
+    assert c["lower_bound"]["lo"] > 0 and c["worth"]["lower_bound"]["determined"]
+    assert c["worth"]["rho_bar"]["value"] == pytest.approx(1 / (1 - c["rho_bar"]["value"]))
+    text = lab.format_lab(res)
+    assert text.index("published credit table (Table 2)") < text.index("supplementary: update credit")
+    assert "VinePPO      not in this run (needs the row 'vineppo K2')" in text
+    assert "rho-bar (exact oracle)" in text and "oracle-free lower bound" in text and c["line"] in text
+    assert c["line"].startswith("coupling is worth about ")
+    lab.write_lab(res, tmp_path)
+    doc = json.loads((tmp_path / "lab_audit.json").read_text())
+    assert doc["coupling"]["lower_bound"] == pytest.approx(c["lower_bound"]) and doc["table2"] == res.table2
+    assert {r["method"]: r["table"] for r in doc["rows"]} == {n: r["table"] for n, r in rows.items()}
 
 
 def test_twice_row_is_the_credit_its_update_uses():
@@ -108,7 +143,7 @@ def test_policy_gradient_points_uphill_on_the_exact_value():
 
 
 def test_bench_learn_small():
-    cfg = bench_learn.LearnConfig(seeds=2, updates=4, groups=4, methods=("grpo", "twice"))
+    cfg = bench_learn.LearnConfig(seeds=2, updates=4, groups=4, methods=("grpo", "twice"), lr_grid=())
     res = bench_learn.run_learn(cfg)
     for m in ("grpo", "twice"):
         r = res["methods"][m]
@@ -117,7 +152,7 @@ def test_bench_learn_small():
     assert res["methods"]["grpo"]["curve"][-1] > res["methods"]["grpo"]["curve"][0]  # learning happens
     assert res["methods"]["grpo"]["aux"] == 0 and res["methods"]["twice"]["aux"] > 0
     assert res["methods"]["grpo"]["budget_ratio"] == 0 and res["methods"]["twice"]["budget_ratio"] > 0
-    assert "updates to target" in bench_learn.format_learn(res)
+    assert "updates to threshold" in bench_learn.format_learn(res)
 
 
 def _episode(group: int, utility: float, turns: int, tokens: int = 1):
@@ -153,7 +188,7 @@ def test_bench_learn_grpo_2x_samples_twice_the_episodes(monkeypatch):
         return real(policy, n_groups, group_size, **kw)
 
     monkeypatch.setattr(bench_learn.toy, "toy_rollouts", spy)
-    cfg = bench_learn.LearnConfig(seeds=2, updates=3, groups=4, methods=("grpo", "grpo-2x"))
+    cfg = bench_learn.LearnConfig(seeds=2, updates=3, groups=4, methods=("grpo", "grpo-2x"), lr_grid=())
     res = bench_learn.run_learn(cfg)
     assert sizes == [5] * 6 + [10] * 6
     g1, g2 = res["methods"]["grpo"], res["methods"]["grpo-2x"]
