@@ -334,25 +334,16 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--updates", type=int, default=AblationConfig.updates)
     p.add_argument("--groups", type=int, default=AblationConfig.groups)
     p.add_argument("--beta", type=float, default=AblationConfig.beta)
-    p.add_argument("--tune-seeds", type=int, default=AblationConfig.tune_seeds, help="tuning seeds per step size")
-    steps = p.add_mutually_exclusive_group()
-    steps.add_argument("--lr-grid", default=None,
-                       help="step sizes tuned per row, comma-separated, two or more (default "
-                            f"{','.join(f'{x:g}' for x in tuning.DEFAULT_GRID)})")
-    steps.add_argument("--lr", type=float, default=None,
-                       help="one step size shared by every row: no tuning (no difference is then a row's win)")
-    p.add_argument("--max-widen", type=int, default=AblationConfig.max_widen,
-                   help="step sizes the grid may gain beyond an end where a pick sits there")
+    tuning.add_step_size_args(p, what="row", tune_seeds=AblationConfig.tune_seeds,
+                              max_widen=AblationConfig.max_widen, lr=AblationConfig.lr)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="processes the learning runs spread over (default 2)")
     p.add_argument("--out", default="runs/bench_ablations")
     a = p.parse_args(argv)
     try:
-        grid = () if a.lr is not None else tuning.parse_grid(a.lr_grid) if a.lr_grid else tuning.DEFAULT_GRID
         cfg = AblationConfig(envs=tuple(a.envs), rows=tuple(a.rows), seeds=a.seeds, audit_groups=a.audit_groups,
-                             updates=a.updates, groups=a.groups, beta=a.beta, seed=a.seed, lr_grid=grid,
-                             lr=a.lr if a.lr is not None else AblationConfig.lr, tune_seeds=a.tune_seeds,
-                             max_widen=a.max_widen, jobs=a.jobs)
+                             updates=a.updates, groups=a.groups, beta=a.beta, seed=a.seed, jobs=a.jobs,
+                             **tuning.step_size_settings(a, AblationConfig.lr))
     except ValueError as exc:
         p.error(str(exc))
     t0 = time.time()

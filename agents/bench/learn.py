@@ -410,17 +410,10 @@ def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog="twice bench learn", description=__doc__.split("\n\n")[0])
     p.add_argument("--env", default=LearnConfig.env, choices=tuple(LEARN_ENVS))
     p.add_argument("--seeds", type=int, default=LearnConfig.seeds, help="reporting seeds per method")
-    p.add_argument("--tune-seeds", type=int, default=LearnConfig.tune_seeds, help="tuning seeds per step size")
     p.add_argument("--updates", type=int, default=LearnConfig.updates)
     p.add_argument("--groups", type=int, default=LearnConfig.groups)
-    steps = p.add_mutually_exclusive_group()
-    steps.add_argument("--lr-grid", default=None,
-                       help="step sizes tuned per method, comma-separated, two or more (default "
-                            f"{','.join(f'{x:g}' for x in tuning.DEFAULT_GRID)})")
-    steps.add_argument("--lr", type=float, default=None,
-                       help="one step size shared by every method: no tuning (no difference is then a method's win)")
-    p.add_argument("--max-widen", type=int, default=LearnConfig.max_widen,
-                   help="step sizes the grid may gain beyond an end where a pick sits there")
+    tuning.add_step_size_args(p, what="method", tune_seeds=LearnConfig.tune_seeds, max_widen=LearnConfig.max_widen,
+                              lr=LearnConfig.lr)
     p.add_argument("--threshold", type=float, default=None,
                    help="V(s0) whose first reach is counted (default: GRPO's final mean at its step size)")
     p.add_argument("--beta", type=float, default=LearnConfig.beta)
@@ -433,14 +426,13 @@ def main(argv: Sequence[str]) -> int:
     if "grpo" not in a.methods:
         p.error("--methods must include grpo (the reference of the paired differences)")
     try:
-        grid = () if a.lr is not None else tuning.parse_grid(a.lr_grid) if a.lr_grid else tuning.DEFAULT_GRID
         text_setting = text_setting_from_args(a) if a.env == "TextLab-v0" else TextLabSetting()
         choice_setting = choice_setting_from_args(a) if a.env == "ChoiceLab-v0" else ChoiceLabSetting()
         cfg = LearnConfig(env=a.env, setting=setting_from_args(a), text_setting=text_setting,
                           choice_setting=choice_setting,
-                          methods=tuple(a.methods), seeds=a.seeds, tune_seeds=a.tune_seeds, updates=a.updates,
-                          groups=a.groups, lr_grid=grid, lr=a.lr if a.lr is not None else LearnConfig.lr,
-                          max_widen=a.max_widen, threshold=a.threshold, beta=a.beta, seed=a.seed, jobs=a.jobs)
+                          methods=tuple(a.methods), seeds=a.seeds, updates=a.updates, groups=a.groups,
+                          threshold=a.threshold, beta=a.beta, seed=a.seed, jobs=a.jobs,
+                          **tuning.step_size_settings(a, LearnConfig.lr))
     except ValueError as exc:
         p.error(str(exc))
     t0 = time.time()

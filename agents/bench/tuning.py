@@ -23,6 +23,7 @@ A grid of fewer than two step sizes cannot tune anything and is refused (:func:`
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Optional, Sequence
@@ -181,3 +182,26 @@ def describe_pick(name: str, t: Tuned) -> Optional[str]:
         line += f"; the pick is still at the {t.at_edge} end of the widened grid (bound reached: a better step size "
         line += "may lie beyond it)"
     return line
+
+
+def add_step_size_args(p: argparse.ArgumentParser, *, what: str, tune_seeds: int, max_widen: int, lr: float) -> None:
+    """The learning benches' step-size flags: ``--tune-seeds``, ``--lr-grid`` or ``--lr`` (exclusive) and
+    ``--max-widen``; ``what`` names the compared things in the help ("method", "row")."""
+    p.add_argument("--tune-seeds", type=int, default=tune_seeds, help="tuning seeds per step size")
+    steps = p.add_mutually_exclusive_group()
+    steps.add_argument("--lr-grid", default=None,
+                       help=f"step sizes tuned per {what}, comma-separated, two or more (default "
+                            f"{','.join(f'{x:g}' for x in DEFAULT_GRID)})")
+    steps.add_argument("--lr", type=float, default=None,
+                       help=f"one step size shared by every {what}: no tuning (no difference is then a {what}'s win; "
+                            f"default when tuning is off: {lr:g})")
+    p.add_argument("--max-widen", type=int, default=max_widen,
+                   help="step sizes the grid may gain beyond an end where a pick sits there")
+
+
+def step_size_settings(a: argparse.Namespace, lr: float) -> dict:
+    """The config fields the flags of :func:`add_step_size_args` set: ``--lr X`` turns tuning off (an empty
+    grid, every run at ``X``); otherwise the given grid (checked) or :data:`DEFAULT_GRID`, and ``lr``."""
+    grid = () if a.lr is not None else parse_grid(a.lr_grid) if a.lr_grid else DEFAULT_GRID
+    return {"lr_grid": grid, "lr": a.lr if a.lr is not None else lr, "tune_seeds": a.tune_seeds,
+            "max_widen": a.max_widen}
