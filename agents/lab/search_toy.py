@@ -29,20 +29,17 @@ from twice_envs.envs.searchtoy.env import (
 ENV_ID = "SearchToy-v0"
 
 
+#: The setting's fields that the command line sets: the world's (the env's kwargs) and the policy's.
+WORLD_ARGS = ("hops", "queries", "useful", "horizon", "reward")
+POLICY_ARGS = ("wording", "temperature")
+
+
 @dataclass(frozen=True)
 class SearchToySetting:
-    """A lab setting: the world and the initial policy in it."""
+    """A lab setting: the world (the env's own config, not a copy of its fields) and the initial policy in it."""
 
-    hops: int = 3
-    """Facts to find."""
-    queries: int = 8
-    """Search queries available."""
-    useful: int = 4
-    """Queries that retrieve a fact."""
-    horizon: int = 10
-    """Turns after which the episode ends as if answered."""
-    reward: str = "binary"
-    """``binary`` (0/1: every fact found) or ``graded`` (share of facts found)."""
+    world: SearchToyConfig = field(default_factory=SearchToyConfig)
+    """The env's world: facts, queries, useful queries, horizon and reward (``SearchToy-v0``'s kwargs)."""
     wording: float = 1.0
     """Scale of the policy's dependence on its previous action (seeded normal logits per
     ``(previous action, action)``); 0 makes the policy depend on the facts found only."""
@@ -58,13 +55,9 @@ class SearchToySetting:
     seed: int = 0
     """Seed of the wording logits."""
 
-    @property
-    def config(self) -> SearchToyConfig:
-        return SearchToyConfig(self.hops, self.queries, self.useful, self.horizon, self.reward)
-
-    @property
-    def env_kwargs(self) -> dict:
-        return {k: v for k, v in asdict(self.config).items()}
+    def __post_init__(self) -> None:
+        if not isinstance(self.world, SearchToyConfig):
+            raise ValueError(f"SearchToySetting.world must be a SearchToyConfig, got {type(self.world).__name__}")
 
 
 @dataclass(frozen=True)
@@ -211,7 +204,7 @@ class SearchToyPolicy:
 
 def initial_logits(setting: SearchToySetting) -> np.ndarray:
     """The setting's initial logits (see :class:`SearchToySetting`)."""
-    c = setting.config
+    c = setting.world
     F, n_act = 1 << c.hops, c.num_actions
     logits = np.zeros((F, n_act + 1, n_act))
     found = np.array([bin(f).count("1") for f in range(F)])
@@ -226,4 +219,4 @@ def initial_logits(setting: SearchToySetting) -> np.ndarray:
 
 def search_toy_policy(setting: SearchToySetting = SearchToySetting()) -> SearchToyPolicy:
     """The setting's initial policy."""
-    return SearchToyPolicy(setting.config, initial_logits(setting), setting.temperature)
+    return SearchToyPolicy(setting.world, initial_logits(setting), setting.temperature)

@@ -9,6 +9,9 @@ credit* at the audited decisions, before any normalisation, in utility units:
 * CRR: ``U - U'`` of one independent counterfactual;
 * Twice: ``U - U'`` of one coupled twin (the alternative turn, then the factual episode's noise).
 
+:func:`gigpo_row` (GiGPO without its invalid-action penalty), :func:`gigpo_raw` and
+:func:`enlarged_group_credit` compute the rows both audits add for it.
+
 Tree-GRPO has no row: its credit is each leaf's tree- and task-normalised outcome, one value per
 episode broadcast to its turns (:mod:`~twice_envs.agents.credit.tree`), not a credit of the decision;
 its update credit is among the supplementary rows.
@@ -33,6 +36,7 @@ import numpy as np
 from twice_envs.agents.credit import gigpo
 from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit.vineppo import K_ROLLOUTS
+from twice_envs.agents.types import EpisodeRecord
 
 #: The row of the raw group credit over a group enlarged to ``rollouts x G`` episodes (GRPO (2x)'s).
 GROUP_2X = "grpo 2G"
@@ -91,6 +95,19 @@ def gigpo_raw(episodes, env_id: str, decisions) -> np.ndarray | None:
         return None
     without, _ = gigpo.split_penalty(episodes, replace(cfg, mode="mean_norm"))
     return np.array([without[i][t] for i, t in decisions], dtype=np.float64)
+
+
+def gigpo_row(eps: Sequence[EpisodeRecord], env_id: str,
+              decisions: Sequence[tuple[int, int]]) -> tuple[np.ndarray, dict]:
+    """GiGPO's credit on ``decisions`` with the env's reference settings but without its invalid-action
+    penalty (the oracle has none), and what the penalty changes there: ``{coef, decisions_changed,
+    mean_abs}`` (shared by the lab and the LLM audit)."""
+    gcfg = gigpo.config_for(env_id)
+    without, term = gigpo.split_penalty(eps, gcfg)
+    pen = np.array([term[i][t] for i, t in decisions], dtype=np.float64)
+    penalty = {"coef": gcfg.invalid_penalty, "decisions_changed": int(np.sum(pen != 0)),
+               "mean_abs": float(np.mean(np.abs(pen))) if pen.size else 0.0}
+    return np.array([without[i][t] for i, t in decisions], dtype=np.float64), penalty
 
 
 def published_table(names: Iterable[str]) -> list[dict]:

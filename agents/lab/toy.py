@@ -26,7 +26,7 @@ text), since what it does next depends on the whole text. :func:`sample_turns` s
 both kinds, so :func:`toy_rollouts`, :func:`toy_twins`, :func:`lab_twins` and
 :func:`exact_advantages` work for any of them: :class:`ToyPolicy` (CreditToy, below),
 :class:`~twice_envs.agents.lab.search_toy.SearchToyPolicy` and
-:class:`~twice_envs.agents.lab.text_lab.TextLabPolicy` (multi-token turns).
+:class:`~twice_envs.agents.lab.text_policy.TextLabPolicy` (multi-token turns).
 
 The toy policy of CreditToy-v0 (:mod:`twice_envs.envs.credittoy.env`) is categorical with
 logits that depend on the turn and the previous action (as an LLM's next turn depends on
@@ -282,7 +282,7 @@ def lab_branches(policy, episodes: Sequence[EpisodeRecord], envs: list, nodes: S
     the result onto the episode's earlier turns (:meth:`~twice_envs.agents.types.EpisodeRecord.grow`).
 
     The new episodes' live envs are appended to ``envs``, in order, so that an ``envs`` list shared with
-    :func:`~twice_envs.agents.lab.runner.lab_runners` forks them like the factual ones. The ``j``-th node's
+    :func:`~twice_envs.agents.lab.runners.lab_runners` forks them like the factual ones. The ``j``-th node's
     seed is ``lab_independent_seed(noise seed of the episode, BRANCH_STREAMS + 100003 (noise_seed mod 10**6)
     + j, turn)``."""
     forks, keys, scheds = [], [], []

@@ -5,10 +5,11 @@ import json
 import numpy as np
 import pytest
 
+from twice_envs import progress
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit.registry import methods as registered_methods
-from twice_envs.agents.lab import audit
+from twice_envs.agents.lab import audit, cli, coupling, scoring
 
 from .train_helpers import one_torch_thread, small_policy  # noqa: F401
 
@@ -19,7 +20,7 @@ def test_summary_statistics_on_known_values():
         "grpo": np.array([0.1, 0.1, 0.1, 0.1, 0.1]),
         "twice": np.array([1.0, -1.0, 0.0, 0.0, 1.0]),
     }
-    rows = {r["method"]: r for r in audit.summarize(oracle, credit, {"twice": 7}, 0.05)}
+    rows = {r["method"]: r for r in scoring.summarize(oracle, credit, {"twice": 7}, 0.05)}
     # |A*| >= 0.05: decisions 0, 1, 2, 4
     assert rows["grpo"]["scored"] == 4
     assert rows["grpo"]["wrong_sign"] == pytest.approx(2 / 4)  # decisions 1 and 4
@@ -30,11 +31,12 @@ def test_summary_statistics_on_known_values():
     assert rows["twice"]["mse_vs_grpo"] == pytest.approx(mse_t / np.mean((credit["grpo"] - oracle) ** 2))
     assert rows["twice"]["pearson"] == pytest.approx(np.corrcoef(credit["twice"], oracle)[0, 1])
     assert rows["twice"]["aux_tokens"] == 7
-    pairs = audit.summarize_pair_set("twice", np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0]], float), oracle, 0.05)
+    d = np.array([[1, 0], [0, 1], [1, 1], [0, 0], [1, 0]], float)
+    pairs = coupling.summarize_pair_set("twice", d, oracle, 0.05)
     assert pairs["tie_share"] == pytest.approx(2 / 5) and pairs["reversal_share"] == pytest.approx(1 / 4)
 
 
-def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
+def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch, capsys):
     cfg = audit.AuditConfig(env="CreditToy-v0", questions=4, group_size=3, oracle_rollouts=3, max_new_tokens=3,
                             max_turns=3, indexed_tasks=False, pairs=(1, 2), vine_k=(1, 2), n_boot=50)
     value_calls, real = [], audit.branch_rollouts
@@ -45,13 +47,19 @@ def test_audit_end_to_end_on_the_toy(tmp_path, monkeypatch):
         return recs
 
     monkeypatch.setattr(audit, "branch_rollouts", keep)
-    res = audit.run_audit(small_policy(0), cfg)
+    progress.set_enabled(True)  # as on a terminal: the audit draws its stages done out of the total
+    try:
+        res = audit.run_audit(small_policy(0), cfg)
+    finally:
+        progress.set_enabled(None)
+    stages = 6 + len(registered_methods())
+    assert f"audit CreditToy-v0: {stages}/{stages} stages (100%)" in capsys.readouterr().err
     own = {"grpo", "grpo 2G", "gigpo", "twice J1", "twice J2", "crr J1", "crr J2", "vineppo K1", "vineppo K2",
            "twice-train", "twice", "crr", "vineppo"}
     # every other registered method has an update row, or says why not (a critic to train; no gold answer or exact
     # values here)
     assert set(res.credit) - own == set(registered_methods()) - own - set(res.skipped)
-    assert res.skipped and all(get_method(m).needs & {"critic", "gold_answer", "exact_advantages"} for m in res.skipped)
+    assert res.skipped and all(get_method(m).needs & {"critic", "answer_probs", "exact_advantages"} for m in res.skipped)
     assert "grpo-2x" in res.credit and res.aux_tokens["grpo-2x"] > 0  # its further factual episodes
     n = len(res.oracle)
     assert n >= 3 and all(len(c) == n for c in res.credit.values()) and len(res.episodes) == n
@@ -138,7 +146,7 @@ def test_summaries_carry_bootstrap_intervals_and_per_decision_rho():
     aux = {"grpo": 0, "twice J1": 100, "crr J1": 100}
     pairs_of = {"grpo": 0, "twice J1": 1, "crr J1": 1}
     cfg = audit.AuditConfig(n_boot=300)
-    res = audit.summarize_audit(cfg, oracle, episodes, np.tile(np.arange(4), 100), credit, aux, pairs_of,
+    res = scoring.summarize_audit(cfg, oracle, episodes, np.tile(np.arange(4), 100), credit, aux, pairs_of,
                                 {"twice": np.stack([u, u2], 1)}, v_before, v_after)
     tw = res.row("twice J1")
     assert tw["pearson"]["value"] == pytest.approx(np.corrcoef(u - u2, oracle)[0, 1])
@@ -153,7 +161,7 @@ def test_summaries_carry_bootstrap_intervals_and_per_decision_rho():
         np.sqrt(oracle.var() / (oracle.var() + np.mean(np.abs(oracle)) - np.mean(oracle ** 2))))
     assert [r["turn"] for r in res.per_turn] == ["0", "1", "2", "3"]
     # J = 2 only: no J = 1 row, the pair table still has its rho-bar
-    two = audit.summarize_audit(cfg, oracle, episodes, np.tile(np.arange(4), 100),
+    two = scoring.summarize_audit(cfg, oracle, episodes, np.tile(np.arange(4), 100),
                                 {"grpo": credit["grpo"], "twice J2": credit["twice J1"]}, {"grpo": 0, "twice J2": 200},
                                 {"grpo": 0, "twice J2": 2}, {"twice": np.stack([u, u2], 1)}, v_before, v_after)
     assert two.pair_rows[0]["rho_bar"] == pytest.approx(rho) and "rho_bar" not in two.row("twice J2")
@@ -244,7 +252,7 @@ def _record_rollout_seeds(monkeypatch):
     monkeypatch.setattr(audit, "rollout", factual)
     monkeypatch.setattr(audit, "branch_rollouts", tagged(audit.branch_rollouts, "values"))
     monkeypatch.setattr(audit, "run_twins", tagged(audit.run_twins, "twins"))
-    monkeypatch.setattr(audit, "credit_step", tagged(audit.credit_step, "train"))
+    monkeypatch.setattr(audit, "run_credit", tagged(audit.run_credit, "train"))
     monkeypatch.setattr(twins, "run_branches", tagged(twins.run_branches, "branches"))
     return seen
 
@@ -280,7 +288,7 @@ def test_audit_rollouts_never_share_a_seed(monkeypatch):
 def _resolution_result(se):
     oracle = np.array([0.3, -0.2, 0.1, 0.0, 0.4, -0.1])
     credit = {"grpo": oracle * 0.5, "twice J1": oracle + 0.1}
-    return audit.summarize_audit(audit.AuditConfig(n_boot=20), oracle, np.arange(6), np.zeros(6, int), credit,
+    return scoring.summarize_audit(audit.AuditConfig(n_boot=20), oracle, np.arange(6), np.zeros(6, int), credit,
                                  {"grpo": 0, "twice J1": 10}, {"grpo": 0, "twice J1": 1}, {}, oracle + 0.5,
                                  np.full(6, 0.5), oracle_se=se)
 
@@ -317,7 +325,7 @@ def _coupled_case(n_boot=200):
     aux = {"grpo": 0, "twice J1": 100, "crr J1": 120, "twice": 40}
     pairs_of = {"grpo": 0, "twice J1": 1, "crr J1": 1, "twice": 0}
     self_twin = np.tile([False, True, True, False], 25)
-    return audit.summarize_audit(audit.AuditConfig(n_boot=n_boot), oracle, np.arange(100), np.zeros(100, int), credit,
+    return scoring.summarize_audit(audit.AuditConfig(n_boot=n_boot), oracle, np.arange(100), np.zeros(100, int), credit,
                                  aux, pairs_of, {"twice": np.stack([u, u_twin], 1), "crr": np.stack([u, u_indep], 1)},
                                  np.full(100, 0.5), np.full(100, 0.5), policy_tokens=200, questions=100,
                                  diagnostic=["grpo", "twice J1", "crr J1"], self_twin=self_twin)
@@ -382,5 +390,5 @@ def test_audited_episodes_add_further_episodes_of_each_group_up_to_the_decisions
 ])
 def test_the_audit_refuses_questions_the_split_does_not_hold(args, says, capsys):
     with pytest.raises(SystemExit):
-        audit.audit_main(["--checkpoint", "tiny", "--env", "SearchQA-v0", "--out", "unused"] + args)
+        cli.audit_main(["--checkpoint", "tiny", "--env", "SearchQA-v0", "--out", "unused"] + args)
     assert says in capsys.readouterr().err

@@ -1,20 +1,24 @@
 """The credit lab audit and bench learn on small SearchToy settings."""
 
+import argparse
 import json
 
 import numpy as np
 import pytest
 
+from twice_envs import progress
 from twice_envs.agents.bench import learn as bench_learn
 from twice_envs.agents.credit.registry import methods as registered_methods
-from twice_envs.agents.lab import runner as lab
+from twice_envs.agents.lab import cli, lab_audit, policies, report
 from twice_envs.agents.lab.search_toy import SearchToySetting
+from twice_envs.agents.lab.text_setting import TextLabSetting
+from twice_envs.envs.searchtoy.env import SearchToyConfig
 
 
 @pytest.fixture(scope="module")
 def small_audit():
-    cfg = lab.LabAuditConfig(groups=40, pairs=(1, 2), vine_k=(1,), warmup_batches=2, n_boot=200, seed=3)
-    return lab.run_lab_audit(cfg)
+    cfg = lab_audit.LabAuditConfig(groups=40, pairs=(1, 2), vine_k=(1,), warmup_batches=2, n_boot=200, seed=3)
+    return lab_audit.run_lab_audit(cfg)
 
 
 def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
@@ -59,7 +63,7 @@ def test_lab_audit_rows_have_cis_and_the_expected_order(small_audit):
     assert rows["twice-train"]["zero_credit"]["value"] > rows["twice"]["zero_credit"]["value"]
     # GiGPO's credit points the right way (its rows are aligned with the audited decisions)
     assert rows["gigpo"]["pearson"]["lo"] > 0.2 and rows["gigpo"]["aux_tokens"] == 0
-    assert "significant" in lab.format_lab(res)
+    assert "significant" in report.format_lab(res)
 
 
 def test_lab_audit_prints_the_published_table_and_the_coupling(small_audit, tmp_path):
@@ -84,12 +88,12 @@ def test_lab_audit_prints_the_published_table_and_the_coupling(small_audit, tmp_
     assert c["tie_share_coupled"]["value"] > c["tie_share_independent"]["value"] and c["self_twin_share"]["value"] > 0
     assert c["lower_bound"]["lo"] > 0 and c["worth"]["lower_bound"]["determined"]
     assert c["worth"]["rho_bar"]["value"] == pytest.approx(1 / (1 - c["rho_bar"]["value"]))
-    text = lab.format_lab(res)
+    text = report.format_lab(res)
     assert text.index("published credit table (Table 2)") < text.index("supplementary: update credit")
     assert "VinePPO      not in this run (needs the row 'vineppo K2')" in text
     assert "rho-bar (exact oracle)" in text and "oracle-free lower bound" in text and c["line"] in text
     assert c["line"].startswith("coupling is worth about ")
-    lab.write_lab(res, tmp_path)
+    report.write_lab(res, tmp_path)
     doc = json.loads((tmp_path / "lab_audit.json").read_text())
     assert doc["coupling"]["lower_bound"] == pytest.approx(c["lower_bound"]) and doc["table2"] == res.table2
     assert {r["method"]: r["table"] for r in doc["rows"]} == {n: r["table"] for n, r in rows.items()}
@@ -100,10 +104,10 @@ def test_twice_row_is_the_credit_its_update_uses():
     from twice_envs.agents.credit.grpo import episode_advantages
     from twice_envs.agents.lab import toy
 
-    cfg = lab.LabAuditConfig(groups=30, warmup_batches=2, seed=5)
-    policy = lab.lab_policy()
+    cfg = lab_audit.LabAuditConfig(groups=30, warmup_batches=2, seed=5)
+    policy = policies.lab_policy()
     eps, envs = toy.toy_rollouts(policy, cfg.groups, cfg.group_size, noise_seed=cfg.seed)
-    tt = lab.training_time_twice(policy, eps, envs, cfg)
+    tt = lab_audit.training_time_twice(policy, eps, envs, cfg)
     a_traj = episode_advantages([e.utility for e in eps], [e.group for e in eps])
     traj = np.concatenate([np.full(len(e.turns), a_traj[i]) for i, e in enumerate(eps)])
     np.testing.assert_allclose(tt.update, traj + tt.a_hat / tt.stats["sigma_hat"], atol=1e-9)
@@ -112,16 +116,14 @@ def test_twice_row_is_the_credit_its_update_uses():
 
 
 def test_lab_outputs(small_audit, tmp_path):
-    paths = lab.write_lab(small_audit, tmp_path)
+    paths = report.write_lab(small_audit, tmp_path)
     assert paths["png"].stat().st_size > 5000
     lines = paths["csv"].read_text().splitlines()
     assert len(lines) == 1 + len(small_audit.oracle)
 
 
 def test_twice_audit_cli_dispatches_to_the_lab(tmp_path, capsys):
-    from twice_envs.agents.lab.audit import audit_main
-
-    assert audit_main(["--env", "SearchToy-v0", "--groups", "12", "--pairs", "1", "--vine-k", "1", "--n-boot", "50",
+    assert cli.audit_main(["--env", "SearchToy-v0", "--groups", "12", "--pairs", "1", "--vine-k", "1", "--n-boot", "50",
                        "--hops", "2", "--out", str(tmp_path)]) == 0
     assert "twice J1" in capsys.readouterr().out
 
@@ -168,13 +170,13 @@ def test_grpo_2x_row_normalises_over_the_enlarged_group():
     # G more per group: group 0 (1, 1) -> (1, 0, 1, 1), mean 3/4, std sqrt(3)/4;
     # group 1 (1, 0) -> (0, 0, 1, 0), mean 1/4, std sqrt(3)/4
     extra = [_episode(0, 1.0, 1, 3), _episode(0, 1.0, 1, 3), _episode(1, 1.0, 1, 3), _episode(1, 0.0, 1, 3)]
-    cfg = lab.LabAuditConfig(group_size=2)
+    cfg = lab_audit.LabAuditConfig(group_size=2)
     r3 = np.sqrt(3.0)
-    _, adv, aux = lab.update_credit("grpo-2x", None, eps, [], extra, [], cfg)
+    _, adv, aux = lab_audit.update_credit("grpo-2x", None, eps, [], extra, [], cfg)
     np.testing.assert_allclose(adv, [1 / r3, 1 / r3, -r3, -1 / r3, -1 / r3], rtol=1e-5)
     assert aux == 12  # the extra episodes' factual tokens
     # without the extra episodes: GRPO over G (group 1 ties, so 0)
-    _, adv, aux = lab.update_credit("grpo", None, eps, [], [], [], cfg)
+    _, adv, aux = lab_audit.update_credit("grpo", None, eps, [], [], [], cfg)
     np.testing.assert_allclose(adv, [1, 1, -1, 0, 0], rtol=1e-5)
     assert aux == 0
 
@@ -209,9 +211,61 @@ def test_breakdowns_say_n_a_where_a_figure_is_undefined():
          "diff": {"value": -0.2, "lo": -0.3, "hi": -0.1}, "significant": True},
     ]
     out = io.StringIO()
-    lab.write_breakdowns(out, per_turn, comparisons, ("grpo", "twice J1"), ratios=False)
+    report.write_breakdowns(out, per_turn, comparisons, ("grpo", "twice J1"), ratios=False)
     text = out.getvalue()
     assert "nan" not in text.lower().replace("n/a", "")
     assert "grpo: 0.50/0  twice J1: n/a/0" in text
     assert "grpo (0 tok): n/a: the figure is undefined" in text
     assert "grpo (0 tok): -0.200 [-0.300, -0.100] significant" in text
+
+
+def test_setting_flags_compose_one_world():
+    p = argparse.ArgumentParser()
+    policies.add_setting_args(p)
+    a = p.parse_args(["--hops", "2", "--horizon", "4", "--wording", "0.5", "--memory", "0.25", "--key-mode", "flat"])
+    search = SearchToySetting(SearchToyConfig(hops=2, horizon=4), wording=0.5)
+    assert policies.setting_from_args(a) == search
+    assert policies.text_setting_from_args(a) == TextLabSetting(search, memory=0.25, key_mode="flat")
+
+
+def test_twice_audit_refuses_a_bad_world_with_a_clear_error(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.lab_main(["--env", "SearchToy-v0", "--hops", "0", "--out", str(tmp_path)])
+    assert "hops must be in 1..10, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "lab_audit.json").exists()
+
+
+@pytest.fixture
+def progress_shown():
+    """Progress forced on (as on a terminal), restored afterwards."""
+    progress.set_enabled(True)
+    yield
+    progress.set_enabled(None)
+
+
+def test_the_lab_audit_shows_its_progress_to_the_end(progress_shown, capsys):
+    cfg = lab_audit.LabAuditConfig(env="CreditToy-v0", groups=4, pairs=(1, 2), vine_k=(1,), warmup_batches=1, n_boot=20)
+    lab_audit.run_lab_audit(cfg)
+    steps = 5 + 2 * 2 + len(registered_methods())
+    assert f"lab audit CreditToy-v0: {steps}/{steps} steps (100%)" in capsys.readouterr().err
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_both_forms_of_twice_audit_take_no_progress(progress_shown, monkeypatch):
+    seen = []
+
+    def stop(*args, **kwargs):
+        seen.append(progress.enabled())
+        raise _Stop
+
+    monkeypatch.setattr(cli, "run_lab_audit", stop)
+    monkeypatch.setattr(cli, "run_audit", stop)
+    monkeypatch.setattr(cli, "load_policy", lambda name: name)
+    for argv in (["--env", "CreditToy-v0"], ["--checkpoint", "tiny", "--env", "SearchQA-v0"]):
+        progress.set_enabled(True)
+        with pytest.raises(_Stop):
+            cli.audit_main(argv + ["--no-progress"])
+    assert seen == [False, False]

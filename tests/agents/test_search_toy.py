@@ -1,5 +1,6 @@
 """SearchToy lab policy: exact values by dynamic programming, checked by hand and by sampling."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -7,13 +8,15 @@ import pytest
 
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
+from twice_envs.agents.lab.text_policy import text_lab_policy
+from twice_envs.agents.lab.text_setting import TextLabSetting
 from twice_envs.envs.searchtoy.env import SearchToyConfig
 
 
 def test_exact_value_by_hand():
     # one fact, two queries (q0 finds it), horizon 2: actions q0, q1, answer (a=2)
-    s = SearchToySetting(hops=1, queries=2, useful=1, horizon=2, wording=0.0, skill=0.0, answer_slope=0.0,
-                         answer_bias=0.0)
+    s = SearchToySetting(SearchToyConfig(hops=1, queries=2, useful=1, horizon=2), wording=0.0, skill=0.0,
+                         answer_slope=0.0, answer_bias=0.0)
     p = search_toy_policy(s)  # uniform: 1/3 each
     # turn 0: q0 -> found; then any action ends (answer or horizon) with 1 -> 1/3
     #         q1 -> not found; turn 1: only q0 finds it, and the horizon ends there -> 1/3 * 1/3
@@ -56,3 +59,19 @@ def test_policy_depends_on_facts_found_and_wording():
     flat = search_toy_policy(SearchToySetting(wording=0.0))
     assert np.allclose(flat.table[0, 0], flat.table[0, 1])
     assert SearchToyConfig().num_actions == 9
+
+
+def test_the_lab_settings_hold_the_env_world_rather_than_copy_its_fields():
+    world = SearchToyConfig(hops=2, queries=5, useful=3, horizon=4, reward="graded")
+    setting = SearchToySetting(world, wording=0.5)
+    assert search_toy_policy(setting).env_kwargs == dataclasses.asdict(world)
+    text = TextLabSetting(setting, memory=0.5)
+    assert text.world is world and text_lab_policy(text).env_kwargs == dataclasses.asdict(world)
+    world_fields = {f.name for f in dataclasses.fields(SearchToyConfig)}
+    search_fields = {f.name for f in dataclasses.fields(SearchToySetting)}
+    assert not world_fields & search_fields  # one definition of the world: the env's
+    assert not (world_fields | search_fields) & {f.name for f in dataclasses.fields(TextLabSetting)}
+    with pytest.raises(ValueError, match="SearchToySetting.world must be a SearchToyConfig, got dict"):
+        SearchToySetting({"hops": 2})
+    with pytest.raises(ValueError, match="TextLabSetting.search must be a SearchToySetting, got SearchToyConfig"):
+        TextLabSetting(world)

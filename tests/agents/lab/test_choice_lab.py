@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from twice_envs.agents.bench import learn as bench_learn
-from twice_envs.agents.lab import runner, toy
+from twice_envs.agents.lab import cli, policies, toy
 from twice_envs.agents.lab.choice_lab import (
     ChoiceLabSetting,
     choice_lab_policy,
@@ -109,7 +109,7 @@ def test_policy_gradient_is_the_score_function_and_its_mean_the_gradient_of_the_
 
 def test_keyed_sampling_through_the_env_matches_the_exact_value():
     setting = ChoiceLabSetting(world=replace(ChoiceLabConfig(), tasks=32), shuffle=1.0)
-    policy = runner.lab_policy("ChoiceLab-v0", choice_setting=setting)
+    policy = policies.lab_policy("ChoiceLab-v0", choice_setting=setting)
     policy = policy.with_logits(np.random.default_rng(2).normal(size=32))
     eps, envs = toy.toy_rollouts(policy, 40, 5, noise_seed=4)
     # a group's episodes share one task; tasks vary across groups
@@ -180,11 +180,11 @@ def test_exact_advantages_learn_faster_than_grpo_at_their_best_step_sizes():
 
 def test_flags_compose_the_setting_and_the_commands_refuse_an_oracle_too_large(capsys):
     p = argparse.ArgumentParser()
-    runner.add_setting_args(p)
+    policies.add_setting_args(p)
     a = p.parse_args(["--tasks", "8", "--horizon", "5", "--shuffle", "0.25", "--memory-size", "4"])
     s = choice_setting_from_args(a)
     assert s.world == ChoiceLabConfig(tasks=8, horizon=5) and (s.shuffle, s.memory_size, s.temperature) == (0.25, 4, 1)
-    for command in (runner.lab_main, bench_learn.main):  # twice audit, twice bench learn
+    for command in (cli.lab_main, bench_learn.main):  # twice audit, twice bench learn
         with pytest.raises(SystemExit):
             command(["--env", "ChoiceLab-v0", "--tasks", "3000"])
         assert "too large for its exact oracle: 13,107,000 table entries" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import pytest
 
 from twice_envs.agents.credit.gigpo import GiGPOConfig, gigpo_credit
 from twice_envs.agents.lab import table2
-from twice_envs.agents.lab.runner import row_stats
+from twice_envs.agents.lab.scoring import row_stats
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 
 

@@ -8,16 +8,24 @@ import numpy as np
 import pytest
 
 from twice_envs.agents.bench import learn as bench_learn
-from twice_envs.agents.lab import runner, toy
+from twice_envs.agents.lab import cli, runners, toy
 from twice_envs.agents.lab import text_lab as tl
-from twice_envs.agents.lab.search_toy import search_toy_policy
-from twice_envs.envs.searchtoy.env import outcome, transition
+from twice_envs.agents.lab.search_toy import SearchToySetting, search_toy_policy
+from twice_envs.agents.lab.text_policy import TextLabState, text_lab_policy
+from twice_envs.agents.lab.text_setting import TextLabSetting
+from twice_envs.envs.searchtoy.env import SearchToyConfig, outcome, transition
 from twice_envs.keys import NoiseKey
 from twice_envs.noise import KeyState
 
+
+def world(**kw) -> SearchToySetting:
+    """SearchToy's default setting in the world of ``kw`` (the part a TextLab setting composes)."""
+    return SearchToySetting(world=SearchToyConfig(**kw))
+
+
 #: Small enough to enumerate every episode: 2 turns of at most 1 thought line of at most 2 words.
-TINY = tl.TextLabSetting(hops=1, queries=2, useful=1, horizon=2, words=2, memory_size=3, max_lines=1, max_words=2,
-                         memory=1.5, act_bias=0.0)
+TINY = TextLabSetting(world(hops=1, queries=2, useful=1, horizon=2), words=2, memory_size=3, max_lines=1, max_words=2,
+                      memory=1.5, act_bias=0.0)
 
 
 def _walk(policy, texts):
@@ -31,11 +39,11 @@ def _walk(policy, texts):
     return out + [(f, p, m)]
 
 
-def _grammar(s: tl.TextLabSetting):
+def _grammar(s: TextLabSetting):
     """Every turn the policy's grammar allows, as token ids (independent of the policy's code)."""
     W = s.words
     lines = [list(w) + [W] for n in range(1, s.max_words + 1) for w in itertools.product(range(W), repeat=n)]
-    actions = [[W + 2]] + [[W + 1, W + 3 + j] for j in range(s.queries)]
+    actions = [[W + 2]] + [[W + 1, W + 3 + j] for j in range(s.world.queries)]
     for k in range(s.max_lines + 1):
         for ls in itertools.product(lines, repeat=k):
             for a in actions:
@@ -57,7 +65,7 @@ def _brute_value(policy, texts, turns) -> float:
 
 
 def test_exact_oracle_equals_brute_force_enumeration():
-    policy = tl.text_lab_policy(TINY)
+    policy = text_lab_policy(TINY)
     turns = list(_grammar(TINY))
     assert len(turns) == 21
     for f, p, m in [(0, 3, 0), (1, 0, 2), (0, 1, 1)]:  # every turn law sums to 1
@@ -71,22 +79,23 @@ def test_exact_oracle_equals_brute_force_enumeration():
             adv = policy.episode_advantages([y, y2])
             vals = policy.episode_values([y, y2])
             assert vals[0] == pytest.approx(v0, abs=1e-12) and adv[0] == pytest.approx(v1 - v0, abs=1e-12)
-            if policy.action_of_ids(policy.encode(y)) != TINY.queries:  # the episode goes on
+            if policy.action_of_ids(policy.encode(y)) != TINY.world.queries:  # the episode goes on
                 v2 = _brute_value(policy, [y, y2], turns)
                 assert vals[1] == pytest.approx(v1, abs=1e-12) and adv[1] == pytest.approx(v2 - v1, abs=1e-12)
     # the law of (turns, facts found) is exact too
     law = policy.outcome_law()
-    assert sum(law.values()) == pytest.approx(1.0) and sum(v for (_, k), v in law.items() if k == 1) == pytest.approx(v0)
+    assert sum(law.values()) == pytest.approx(1.0)
+    assert sum(v for (_, k), v in law.items() if k == 1) == pytest.approx(v0)
 
 
 def test_memory_zero_is_search_toy_and_the_setting_is_representative():
-    s0 = tl.TextLabSetting(memory=0.0)
-    p0, ref = tl.text_lab_policy(s0), search_toy_policy(s0.search_setting)
+    s0 = TextLabSetting(memory=0.0)
+    p0, ref = text_lab_policy(s0), search_toy_policy(s0.search)
     assert p0.value == pytest.approx(ref.value, abs=1e-12)
-    st = tl.TextLabState(0, 0, 5, ref.num_actions, 0, ())
+    st = TextLabState(0, 0, 5, ref.num_actions, 0, ())
     assert np.allclose(p0.action_probs(st), ref.action_probs((0, 0, ref.num_actions)))
     # the default's turns: several lines, a varying number of tokens, recorded token by token
-    policy = tl.text_lab_policy()
+    policy = text_lab_policy()
     eps, _ = toy.toy_rollouts(policy, 120, 5, noise_seed=4)
     turns = [t for e in eps for t in e.turns]
     n_tok = np.array([len(t.token_ids) for t in turns])
@@ -106,7 +115,7 @@ def test_memory_zero_is_search_toy_and_the_setting_is_representative():
 def _later_turns(policy, memory: float, groups: int):
     """For coupled twins (line keys): ``(texts equal, memories equal)`` of every later turn at which
     the twin and its factual episode have the same facts found and previous action."""
-    pol = tl.text_lab_policy(replace(policy.setting, memory=memory))
+    pol = text_lab_policy(replace(policy.setting, memory=memory))
     r = tl.coupled_twin_run(pol, groups, seed=2)
     out = []
     for (i, t), w in zip(r["index"], r["twins"]):
@@ -119,7 +128,7 @@ def _later_turns(policy, memory: float, groups: int):
 
 
 def test_twins_do_not_remerge_with_memory_and_do_without():
-    policy = tl.text_lab_policy()
+    policy = text_lab_policy()
     with_memory = _later_turns(policy, 1.0, 6)
     assert sum(not same_text for same_text, _ in with_memory) >= 5  # same (found, prev), different text
     without = _later_turns(policy, 0.0, 6)
@@ -127,9 +136,9 @@ def test_twins_do_not_remerge_with_memory_and_do_without():
 
 
 def test_key_modes_reach_the_sampler():
-    policy = tl.text_lab_policy()
+    policy = text_lab_policy()
     keys = [NoiseKey(1000 + i, 2, 0) for i in range(200)]
-    st = tl.TextLabState(2, 0b001, 7, 0, 23, (1, 2, 6, 7))
+    st = TextLabState(2, 0b001, 7, 0, 23, (1, 2, 6, 7))
     moved = [st._replace(tokens_before=40), st._replace(context=(3, 3, 6, 7))]
     texts = {}
     for mode in ("line", "flat", "counter", "ngram"):
@@ -164,7 +173,7 @@ def test_line_keys_resynchronise_after_a_longer_line_and_flat_keys_do_not():
 
 
 def test_key_layout_rho_and_ngram_bias_report_cis():
-    s = replace(tl.TextLabSetting(), horizon=4)
+    s = TextLabSetting(world(horizon=4))
     rho = tl.key_layout_rho(s, groups=12, seed=1, n_boot=100)
     assert set(rho) == {"line", "flat", "counter", "ngram", "independent"}
     for r in rho.values():
@@ -180,16 +189,16 @@ def test_key_layout_rho_and_ngram_bias_report_cis():
 
 def test_the_size_guard_refuses_a_too_large_oracle_before_sampling(tmp_path):
     with pytest.raises(ValueError, match=r"too large for its exact oracle: 387,723,264 table entries .* cap 2,000,000"):
-        tl.TextLabSetting(hops=10, queries=40, useful=20, horizon=50, memory_size=64)
-    assert tl.TextLabSetting(max_oracle=10**12, hops=6, useful=6).oracle_size > tl.TextLabSetting().oracle_size
+        TextLabSetting(world(hops=10, queries=40, useful=20, horizon=50), memory_size=64)
+    assert TextLabSetting(world(hops=6, useful=6), max_oracle=10**12).oracle_size > TextLabSetting().oracle_size
     with pytest.raises(SystemExit):
-        runner.lab_main(["--env", "TextLab-v0", "--hops", "10", "--queries", "40", "--useful", "20", "--horizon", "50",
+        cli.lab_main(["--env", "TextLab-v0", "--hops", "10", "--queries", "40", "--useful", "20", "--horizon", "50",
                          "--out", str(tmp_path)])
     assert not (tmp_path / "lab_audit.json").exists()
 
 
 def test_twice_audit_on_textlab_writes_its_json(tmp_path, capsys):
-    assert runner.lab_main(["--env", "TextLab-v0", "--groups", "8", "--n-boot", "50", "--pairs", "1", "--vine-k", "1",
+    assert cli.lab_main(["--env", "TextLab-v0", "--groups", "8", "--n-boot", "50", "--pairs", "1", "--vine-k", "1",
                             "--out", str(tmp_path)]) == 0
     doc = json.loads((tmp_path / "lab_audit.json").read_text())
     assert doc["config"]["env"] == "TextLab-v0" and doc["config"]["text_setting"]["memory"] == 1.0
@@ -199,18 +208,18 @@ def test_twice_audit_on_textlab_writes_its_json(tmp_path, capsys):
 def test_replica_pairs_count_every_generated_token():
     # decisions at the last of 2 turns: after them nothing is generated, so the pair's tokens are
     # the replica's turn (the factual turn's tokens) and the twin's alternative turn
-    policy = tl.text_lab_policy(replace(tl.TextLabSetting(), horizon=2))
+    policy = text_lab_policy(TextLabSetting(world(horizon=2)))
     eps, envs = toy.toy_rollouts(policy, 4, 3, noise_seed=5)
     decisions = [(i, 1) for i, e in enumerate(eps) if len(e.turns) == 2]
-    u, u2, tokens = runner.replica_pairs(policy, eps, envs, decisions, 1)
+    u, u2, tokens = runners.replica_pairs(policy, eps, envs, decisions, 1)
     factual_tokens = sum(len(eps[i].turns[t].token_ids) for i, t in decisions)
     assert len(u) == len(u2) == len(decisions) >= 4
     assert factual_tokens < tokens <= factual_tokens + 30 * len(decisions)  # a turn has at most 4 x 7 + 2 tokens
 
 
 def test_policy_gradient_is_the_score_of_the_log_probabilities():
-    s = tl.TextLabSetting(hops=2, queries=3, useful=2, horizon=3, words=3, memory_size=5, max_lines=2, max_words=3)
-    policy = tl.text_lab_policy(s)
+    s = TextLabSetting(world(hops=2, queries=3, useful=2, horizon=3), words=3, memory_size=5, max_lines=2, max_words=3)
+    policy = text_lab_policy(s)
     eps, _ = toy.toy_rollouts(policy, 4, 5, noise_seed=1)
     # episodes of several turns whose thoughts move the memory within a turn
     eps = [e for e in eps if len(e.turns) > 1 and sum(t < s.words for x in e.turns for t in x.token_ids) > 2]
@@ -231,8 +240,8 @@ def test_policy_gradient_is_the_score_of_the_log_probabilities():
             fd[idx] = (logprob(policy.logits + e, ep) - logprob(policy.logits - e, ep)) / (2 * h)
         assert np.allclose(g, fd, atol=1e-6) and np.abs(g).max() > 0.01
     # bench learn trains the TextLab policy through the same call
-    cfg = bench_learn.LearnConfig(env="TextLab-v0", text_setting=replace(tl.TextLabSetting(), horizon=4), seeds=1,
+    cfg = bench_learn.LearnConfig(env="TextLab-v0", text_setting=TextLabSetting(world(horizon=4)), seeds=1,
                                   updates=2, groups=3, methods=("grpo",), lr_grid=())
     res = bench_learn.run_learn(cfg)
     assert len(res["methods"]["grpo"]["curve"]) == 3
-    assert res["methods"]["grpo"]["curve"][0] == pytest.approx(tl.text_lab_policy(cfg.text_setting).value)
+    assert res["methods"]["grpo"]["curve"][0] == pytest.approx(text_lab_policy(cfg.text_setting).value)

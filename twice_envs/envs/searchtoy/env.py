@@ -30,7 +30,11 @@ REWARDS = ("binary", "graded")
 
 @dataclass(frozen=True)
 class SearchToyConfig:
-    """The world of a SearchToy env."""
+    """The world of a SearchToy env: ``SearchToy-v0``'s and ``TextLab-v0``'s kwargs.
+
+    It is the one definition of the world: the credit lab's settings hold one (as their ``world``)
+    rather than copy its fields.
+    """
 
     hops: int = 3
     """Facts to find."""
