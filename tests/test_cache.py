@@ -231,3 +231,26 @@ def test_discard_removes_a_file_a_folder_or_a_link(tmp_path):
     for name in ("f", "d", "link"):
         _cache.discard(tmp_path / name)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["target"]
+
+
+def test_folder_digest_is_stable_and_sees_names_sizes_and_first_mib(tmp_path):
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.bin").write_bytes(b"weights")
+    (folder / "config.json").write_bytes(b'{"x": 1}')
+    (folder / "sub" / "inner").write_bytes(b"ignored")
+    # cache folders are named after it (the dense retriever's embeddings): its value must never change
+    assert _cache.folder_digest(folder) == "2b36d9574a27b6abac24475fedd6b62dd053617b47c83438d70a3068ab9ab474"
+    before = _cache.folder_digest(folder)
+    (folder / "sub" / "inner").write_bytes(b"subfolders are not read")
+    assert _cache.folder_digest(folder) == before
+    (folder / "a.bin").write_bytes(b"weighTs")  # same size, another byte in the first MiB
+    assert _cache.folder_digest(folder) != before
+    (folder / "a.bin").write_bytes(b"weights")
+    (folder / "a.bin").rename(folder / "b.bin")
+    assert _cache.folder_digest(folder) != before
+    big = folder / "b.bin"
+    big.write_bytes(b"\0" * (1 << 20) + b"x")
+    first = _cache.folder_digest(folder)
+    big.write_bytes(b"\0" * (1 << 20) + b"y")  # beyond the first MiB, same size: not seen (by design)
+    assert _cache.folder_digest(folder) == first

@@ -86,3 +86,15 @@ def test_every_docs_page_is_in_the_nav():
     nav = set(re.findall(r"^\s*-\s*(?:[^:\n]+:\s*)?([\w./-]+\.md)\s*$", conf, flags=re.M))
     assert pages - nav == set(), f"pages missing from the mkdocs.yml nav: {sorted(pages - nav)}"
     assert nav - pages == set(), f"nav entries without a page: {sorted(nav - pages)}"
+
+
+def test_the_explorers_stylesheet_and_script_are_package_data():
+    """Every file in agents/view/static/ (read at run time by the explorer) is matched by pyproject's package-data."""
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    package = ROOT / "agents" / "view"
+    static = sorted(p.relative_to(package).as_posix() for p in (package / "static").iterdir() if p.is_file())
+    assert {"static/explorer.js", "static/explorer.css"} <= set(static)
+    patterns = data.get("twice_envs.agents.view", []) + data.get("*", [])
+    shipped = {p.relative_to(package).as_posix() for pattern in patterns for p in package.glob(pattern)}
+    assert set(static) - shipped == set(), (
+        f"add these to [tool.setuptools.package-data] 'twice_envs.agents.view': {sorted(set(static) - shipped)}")

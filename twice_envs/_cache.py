@@ -13,6 +13,7 @@ the whole file up to ``DIGEST_WHOLE`` bytes; beyond, of its size and ``DIGEST_BL
 sampled blocks, so a change confined to unsampled bytes of a large file is not seen by
 this check). :func:`read_manifest` checks all of it before a file is used and raises
 :class:`~twice_envs.errors.DataFormatError` naming the manifest or the first bad file.
+:func:`folder_digest` fingerprints a folder that a cache is built from (a model), for cache keys.
 
 Healing. :func:`cached` opens a cache folder, building it first when it is missing, and
 again when the opener refuses it with a :class:`~twice_envs.errors.DataFormatError`:
@@ -181,6 +182,27 @@ def file_digest(path: Path) -> str:
             for i in range(DIGEST_BLOCKS):
                 fh.seek(span * i // (DIGEST_BLOCKS - 1))
                 h.update(fh.read(DIGEST_BLOCK))
+    return h.hexdigest()
+
+
+def folder_digest(directory: Path) -> str:
+    """sha256 of a folder's regular files (not its subfolders), in name order: each file's name, size
+    and first MiB.
+
+    A cheap fingerprint of a folder read whole elsewhere (a model's weights and tokenizer), part of
+    the keys of the caches built from it: a file added, removed, renamed, resized or changed in its
+    first MiB changes it; a change beyond the first MiB that keeps the size does not. Its value is
+    stable across versions (cache folders are named after it).
+    """
+    directory = Path(directory)
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(directory)):
+        f = directory / name
+        if f.is_file():
+            h.update(name.encode())
+            h.update(str(f.stat().st_size).encode())
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
     return h.hexdigest()
 
 

@@ -17,6 +17,7 @@ from twice_envs.agents.rollout.episodes import Task, rollout
 from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.agents.stats import wilson
 from twice_envs.envs.alfworld import generator
+from twice_envs.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,18 @@ def summarize(env_id: str, episodes, types: Sequence[str], samples: int) -> dict
 
 
 def evaluate_game(policy, env_id: str, *, samples: int = 4, tasks: Optional[int] = None, noise_seed: int = 0,
-                  temperature: float = 1.0, setting: Optional[GameSetting] = None) -> dict:
-    """Held-out figures of ``policy`` on ``env_id``: ``samples`` episodes per held-out task at ``temperature``."""
+                  temperature: float = 1.0, setting: Optional[GameSetting] = None,
+                  progress: Optional[str] = None) -> dict:
+    """Held-out figures of ``policy`` on ``env_id``: ``samples`` episodes per held-out task at ``temperature``.
+
+    ``progress``: the name of the progress line of the episodes (:class:`~twice_envs.progress.Progress`,
+    shown on a terminal only), or None for none."""
 
     setting = setting or GAMES[env_id]
     task_list, types, kwargs = heldout_tasks(env_id, tasks, setting)
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=setting.max_new_tokens)
-    eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
-                  noise_seed=noise_seed, max_turns=setting.max_turns, window=setting.window)
+    with Progress(progress or "", len(task_list) * samples, show=False if progress is None else None) as bar:
+        eps = rollout(policy, env_id, task_list, group_size=samples, sampling=sampling, env_kwargs=kwargs,
+                      noise_seed=noise_seed, max_turns=setting.max_turns, window=setting.window,
+                      progress=lambda done: bar.update(done - bar.done))
     return summarize(env_id, eps, types, samples)

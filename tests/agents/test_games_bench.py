@@ -13,6 +13,7 @@ import pytest
 from tests.agents._tiny import tiny_dir
 from twice_envs.agents import stats
 from twice_envs.agents.bench import games as gb
+from twice_envs.agents.bench import games_compare, games_report, games_runs
 from twice_envs.agents.bench import heldout
 from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.training.trainer import RunExistsError
@@ -83,7 +84,7 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
         seeds.append(kwargs["noise_seed"])
         return evaluate(*args, **kwargs)
 
-    monkeypatch.setattr(gb, "evaluate_game", recording)
+    monkeypatch.setattr(games_runs, "evaluate_game", recording)
     res = gb.run_games_bench(cfg, log=lambda m: None)
     r = res["envs"]["WebShop-v0"]
     assert set(r["methods"]) == {"grpo", "grpo-2x", "gigpo", "twice", "crr"}
@@ -125,7 +126,7 @@ def test_bench_games_smoke(tmp_path, monkeypatch):
 
 
 def test_ordering_shows_ties_and_the_report_never_claims_power_it_lacks():
-    assert gb.ordering({"grpo": 0.2, "twice": 0.5, "crr": 0.2}) == "twice > grpo = crr"
+    assert games_report.ordering({"grpo": 0.2, "twice": 0.5, "crr": 0.2}) == "twice > grpo = crr"
     ep = {"all": {"success": 0.0, "success_ci": [0.0, 0.3], "episodes": 8, "valid_share": 0.8}}
     method = {"success": 0.0, "success_ci": [0.0, 0.3], "episodes": 8, "aux_tokens_per_update": 0,
               "seconds_per_update": 1.0, "train_invalid_share": 0.1}
@@ -182,7 +183,7 @@ def test_eval_every_gives_a_paired_held_out_curve_and_train_kwargs_reach_only_th
                               model={"WebShop-v0": str(tiny_dir())}, max_turns=2, max_new_tokens=8, eval_every=1,
                               train_kwargs={"WebShop-v0": {"reward": "success"}}, micro_batch=1, eval_noise_seed=77)
     calls, made = [], []
-    evaluate, train = gb.evaluate_game, gb.train
+    evaluate, train = games_runs.evaluate_game, games_runs.train
 
     def recording(policy, env_id, **kwargs):
         calls.append(kwargs["noise_seed"])
@@ -194,8 +195,8 @@ def test_eval_every_gives_a_paired_held_out_curve_and_train_kwargs_reach_only_th
         made.append(config)
         return train(config, **kwargs)
 
-    monkeypatch.setattr(gb, "evaluate_game", recording)
-    monkeypatch.setattr(gb, "train", training)
+    monkeypatch.setattr(games_runs, "evaluate_game", recording)
+    monkeypatch.setattr(games_runs, "train", training)
     r = gb.run_games_bench(cfg, log=lambda m: None)["envs"]["WebShop-v0"]
     # before (seeds 0, 1), then per seed the evaluation after update 1 and the one after training (update 2)
     assert calls == [77, 78, 77, 77, 78, 78]
@@ -255,7 +256,7 @@ def test_paired_change_is_the_mean_difference_with_its_interval():
 
 def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
     a, b, c = [1, 1, 0, 1, 0, 1] * 20, [0, 1, 0, 0, 0, 1] * 20, [1, 1, 0, 1, 0, 1] * 20
-    pairs = gb.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}, "crr": {"outcomes": c}})
+    pairs = games_compare.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}, "crr": {"outcomes": c}})
     assert list(pairs) == ["twice - grpo", "twice - crr", "grpo - crr"]
     assert pairs["twice - grpo"] == stats.paired_change(a, b)
     assert pairs["twice - crr"]["change_ci"] == [0.0, 0.0]
@@ -274,7 +275,7 @@ def test_methods_pair_up_on_shared_noise_and_the_report_sizes_the_pairs():
                                      "pairs": {"twice - grpo": pairs["twice - grpo"]}}}})
     assert "twice - grpo: +0.333" in text and "significant" in text and "cannot tell apart" in text
     # hyphenated method names stay whole in the report
-    hyphens = gb.method_pairs({"grpo-2x": {"outcomes": a}, "tree-grpo": {"outcomes": b}})
+    hyphens = games_compare.method_pairs({"grpo-2x": {"outcomes": a}, "tree-grpo": {"outcomes": b}})
     text = gb.report({"envs": {"X": {"model": "m", "before": ep, "methods": {"grpo-2x": method, "tree-grpo": method},
                                      "pairs": hyphens}}})
     assert list(hyphens) == ["grpo-2x - tree-grpo"] and "    grpo-2x - tree-grpo: +0.333" in text
@@ -286,7 +287,7 @@ def test_every_comparison_names_the_learning_rate_it_was_measured_at():
     method = {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "aux_tokens_per_update": 0,
               "seconds_per_update": 1.0, "train_invalid_share": 0.1}
     ep = {"all": {"success": 0.5, "success_ci": [0.4, 0.6], "episodes": 120, "valid_share": 0.8}}
-    pairs = gb.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}})
+    pairs = games_compare.method_pairs({"twice": {"outcomes": a}, "grpo": {"outcomes": b}})
     env = {"model": "m", "before": ep, "methods": {"twice": method, "grpo": method}, "pairs": pairs}
     text = gb.report({"config": {"lr": 2e-4}, "envs": {"X": env}})
     assert "ordering: twice = grpo (at one shared learning rate lr=0.0002, not tuned per method: an order here is " \
@@ -320,7 +321,7 @@ def test_training_measures_pair_only_on_updates_that_sampled_the_same_batch():
     b = {"train_measure": "success", "train_curves": [[[1, 0.5, "b1"], [2, 0.5, "b2"], [3, 0.6, "b3"], [4, 0.1, "other"]]]}
     two_x = {"train_measure": "success", "train_curves": [[[1, 0.5, "x1"], [2, 0.7, "x2"], [3, 0.7, "x3"]]]}
     old = {"train_measure": "success", "train_curves": [[[1, 0.5, None], [2, 0.5, None], [3, 0.5, None]]]}
-    pairs = gb.training_pairs({"twice": a, "grpo": b, "grpo-2x": two_x, "old": old, "none": {}})
+    pairs = games_compare.training_pairs({"twice": a, "grpo": b, "grpo-2x": two_x, "old": old, "none": {}})
     # update 1 (both start models) and update 4 (other tasks) are left out: differences 0.1 and 0.3
     assert list(pairs) == ["twice - grpo"]
     got, want = pairs["twice - grpo"], stats.paired_mean([0.1, 0.3])
@@ -447,8 +448,8 @@ def test_resume_continues_each_run_to_more_updates_and_keeps_its_curve(tmp_path,
     with pytest.raises(RunExistsError):
         gb.run_games_bench(gb.GamesBenchConfig(updates=4, **base), log=lambda m: None)  # not without --resume
     started = []
-    train = gb.train
-    monkeypatch.setattr(gb, "train", lambda config, **kw: started.append(kw["resume"]) or train(config, **kw))
+    train = games_runs.train
+    monkeypatch.setattr(games_runs, "train", lambda config, **kw: started.append(kw["resume"]) or train(config, **kw))
     res = gb.run_games_bench(gb.GamesBenchConfig(updates=4, resume=True, **base), log=lambda m: None)
     rows = (run / "metrics.jsonl").read_text().splitlines()
     assert started == [True] and rows[:2] == rows_before and [json.loads(r)["update"] for r in rows] == [1, 2, 3, 4]
@@ -466,7 +467,7 @@ def test_resume_continues_each_run_to_more_updates_and_keeps_its_curve(tmp_path,
     gb.check_resumable(gb.GamesBenchConfig(updates=3, **base))  # without --resume nothing is checked
     with pytest.raises(ValueError, match=r"curve.json: its points were evaluated on other held-out episodes"):
         gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **{**base, "eval_noise_seed": 5}))
-    (run / gb.CURVE_FILE).write_text("[[1, [0, 1]]]")  # not the file's layout
+    (run / games_runs.CURVE_FILE).write_text("[[1, [0, 1]]]")  # not the file's layout
     with pytest.raises(ValueError, match="curve.json: not a curve file"):
         gb.check_resumable(gb.GamesBenchConfig(updates=6, resume=True, **base))
 
@@ -494,6 +495,30 @@ def test_runs_in_processes_of_their_own_give_the_figures_of_one_process(tmp_path
     twice, grpo = (there["envs"]["WebShop-v0"]["methods"][m]["aux_tokens_per_update"] for m in ("twice", "grpo"))
     assert twice > 0 == grpo
     # the setting is free in a merge (it does not change what is compared)
-    assert "jobs" in gb.MERGE_FREE
+    assert "jobs" in games_compare.MERGE_FREE
     with pytest.raises(ValueError, match="jobs"):
         gb.run_games_bench(gb.GamesBenchConfig(out=str(tmp_path / "bad"), jobs=0, **base), log=lambda m: None)
+
+
+def test_evaluations_and_runs_show_progress_lines_and_none_with_no_progress(tmp_path, monkeypatch, capsys):
+    from twice_envs import progress
+
+    monkeypatch.setattr(progress, "_forced", None)  # restored after the test
+    progress.set_enabled(True)  # as on a terminal
+    args = ["--eval-only", "--envs", "WebShop-v0", "--model", f"WebShop-v0={tiny_dir()}", "--eval-tasks", "2",
+            "--eval-samples", "2", "--max-turns", "2", "--max-new-tokens", "8"]
+    assert gb.main([*args, "--out", str(tmp_path / "a")]) == 0
+    out, err = capsys.readouterr()
+    # every episode counted (the rollout reports the episodes over), on stderr; the figures on stdout
+    assert err.split("\r")[-1].startswith("WebShop-v0 held-out: 4/4 episodes (100%), ") and err.endswith("\n")
+    assert "episodes (100%)" not in out and "success" in out
+    cfg = gb.GamesBenchConfig(envs=("WebShop-v0",), methods=("grpo",), seeds=(0,), updates=1, tasks_per_update=1,
+                              group_size=2, eval_tasks=2, eval_samples=1, out=str(tmp_path / "r"),
+                              model={"WebShop-v0": str(tiny_dir())}, max_turns=2, max_new_tokens=8)
+    gb.run_games_bench(cfg, log=lambda m: None)
+    lines = [chunk.strip() for chunk in capsys.readouterr().err.split("\r") if chunk.endswith("\n")]
+    assert [line.split(",")[0] for line in lines if line.startswith("WebShop-v0")] == ["WebShop-v0 start model seed 0: 2/2 episodes (100%)",
+                                                      "WebShop-v0 grpo seed 0 training: 1/1 updates (100%)",
+                                                      "WebShop-v0 grpo seed 0 held-out: 2/2 episodes (100%)"]
+    assert gb.main([*args, "--out", str(tmp_path / "b"), "--no-progress"]) == 0  # still as on a terminal
+    assert "WebShop-v0" not in capsys.readouterr().err and not progress.enabled()

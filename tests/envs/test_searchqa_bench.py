@@ -10,9 +10,10 @@ import pytest
 
 from twice_envs.cli import main
 from twice_envs.envs.searchqa import bench as bench_mod
+from twice_envs.envs.searchqa import bench_engines, bench_measure, bench_workers
 from twice_envs.envs.searchqa import lucene_server as ls
 from twice_envs.envs.searchqa import resources
-from twice_envs.envs.searchqa.bench import WIKI18_PASSAGES
+from twice_envs.envs.searchqa.corpus_gen import WIKI18_PASSAGES
 
 
 def _printed(text: str, pattern: str) -> list[float]:
@@ -149,7 +150,7 @@ def test_bench_worker_memory_forkserver_counts_the_server(tmp_path, monkeypatch,
                      "--start-method", "forkserver", "--forkserver-preload", preload)
     wm = fig["worker_memory"]
     assert wm["start_method"] == "forkserver" and wm["workers"] == 2 and wm["many"]["workers"] == 2
-    assert list(wm["preload"])[: len(bench_mod.FORKSERVER_PRELOAD)] == list(bench_mod.FORKSERVER_PRELOAD)
+    assert list(wm["preload"])[: len(bench_workers.FORKSERVER_PRELOAD)] == list(bench_workers.FORKSERVER_PRELOAD)
     reports = wm["many"]["reports"]
     # with the env preloaded, every worker (and the idle one) finds the index and questions loaded by the server
     assert all(bool(r["resources_cached"]) == (preload == "env") for r in reports + [wm["one"], wm["bare"]])
@@ -162,7 +163,7 @@ def test_bench_worker_memory_forkserver_counts_the_server(tmp_path, monkeypatch,
     # one server, measured at each measurement, and stopped afterwards
     pid = wm["server_alone"]["pid"]
     assert wm["bare_server"]["pid"] == wm["one_server"]["pid"] == wm["many"]["server"]["pid"] == pid
-    assert not os.path.exists(f"/proc/{pid}/stat") or bench_mod._ppid(pid) != os.getpid()
+    assert not os.path.exists(f"/proc/{pid}/stat") or bench_workers.parent_pid(pid) != os.getpid()
     assert "worker memory (2 processes at once forked from one forkserver" in text
     if wm["measure"] != "pss":  # /proc/PID/smaps_rollup not readable: RSS only
         assert wm["rss_total_over_one"] > 0 and "RSS counts shared pages" in text
@@ -256,7 +257,7 @@ raise SystemExit(server.main(StandIn))
 def _stand_in(tmp_path, mode="ok"):
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
-    return [sys.executable, "-I", str(script), str(bench_mod.LUCENE_SERVER), mode]
+    return [sys.executable, "-I", str(script), str(bench_engines.LUCENE_SERVER), mode]
 
 
 def test_lucene_protocol_framing():
@@ -315,11 +316,11 @@ def test_lucene_server_loop_in_process():
 def test_lucene_client_and_server_process_with_a_stand_in(tmp_path):
     docs = tmp_path / "docs"
     docs.mkdir()
-    bench_mod._lucene_export(["Alpha beta", "beta gamma gamma", "", "delta"], lambda t: t.lower().split(), docs / "p.jsonl")
+    bench_engines.lucene_export(["Alpha beta", "beta gamma gamma", "", "delta"], lambda t: t.lower().split(), docs / "p.jsonl")
     lines = [json.loads(line) for line in (docs / "p.jsonl").read_text().splitlines()]
     assert lines[1] == {"id": "0000000001", "contents": "beta gamma gamma"} and lines[2]["contents"] == ""
 
-    server = bench_mod.LuceneServer(_stand_in(tmp_path), tmp_path / "server.log")
+    server = bench_engines.LuceneServer(_stand_in(tmp_path), tmp_path / "server.log")
     try:
         assert server.hello["versions"]["lucene"] == "0.0-stand-in" and server.startup_wall_s > 0
         built = server.request("build", input=str(docs), index=str(tmp_path / "index"))
@@ -336,10 +337,10 @@ def test_lucene_client_and_server_process_with_a_stand_in(tmp_path):
     assert "a log line on fd 1" in log and "a print on stdout" in log  # in the log, not among the replies
 
     with pytest.raises(SystemExit, match="could not be started with '/nonexistent/python'"):
-        bench_mod.LuceneServer(["/nonexistent/python", "-I", str(bench_mod.LUCENE_SERVER)], tmp_path / "s1.log")
+        bench_engines.LuceneServer(["/nonexistent/python", "-I", str(bench_engines.LUCENE_SERVER)], tmp_path / "s1.log")
     with pytest.raises(SystemExit, match="failed: RuntimeError: no JVM here"):
-        bench_mod.LuceneServer(_stand_in(tmp_path, "fail-start"), tmp_path / "s2.log")
-    server = bench_mod.LuceneServer(_stand_in(tmp_path, "crash"), tmp_path / "s3.log")
+        bench_engines.LuceneServer(_stand_in(tmp_path, "fail-start"), tmp_path / "s2.log")
+    server = bench_engines.LuceneServer(_stand_in(tmp_path, "crash"), tmp_path / "s3.log")
     with pytest.raises(SystemExit, match=r"(?s)exited \(status 3\) without a reply.*a log line on fd 1"):
         server.request("build", input=str(docs), index=str(tmp_path / "index3"))
     server.close()
@@ -378,7 +379,7 @@ def test_bench_lucene_path_with_a_stand_in_server(tmp_path, monkeypatch, capsys)
     script = tmp_path / "stand_in.py"
     script.write_text(STAND_IN)
     # the bench runs `python -I LUCENE_SERVER`: here the stand-in, which then imports the real server module
-    monkeypatch.setattr(bench_mod, "LUCENE_SERVER", script)
+    monkeypatch.setattr(bench_engines, "LUCENE_SERVER", script)
     text, fig = _run(tmp_path, monkeypatch, capsys, "--passages", "1500", "--queries", "20", "--reps", "5",
                      "--skip-baseline", "--skip-bm25s", "--skip-tantivy", "--workers", "0", "--rounds", "3",
                      "--lucene-python", sys.executable)
@@ -407,7 +408,7 @@ def test_bench_lucene_baseline(tmp_path, monkeypatch, capsys):
 
 
 def test_a_generated_corpus_too_large_to_name_says_so_and_points_to_the_wiki18_format(monkeypatch):
-    from twice_envs.envs.searchqa import bench, corpus_gen
+    from twice_envs.envs.searchqa import corpus_gen
 
     names = corpus_gen._Names(corpus_gen.Rng(0))
     names.unique(lambda: "Ba")
@@ -417,6 +418,25 @@ def test_a_generated_corpus_too_large_to_name_says_so_and_points_to_the_wiki18_f
     def exhausted(*a, **k):
         names.unique(lambda: "Ba")
 
-    monkeypatch.setattr(corpus_gen, "write_generated", exhausted)
+    monkeypatch.setattr(bench_measure, "write_generated", exhausted)
     with pytest.raises(SystemExit, match=r"--passages 5,000,000: name space exhausted.*--scale wiki18 --passages 5000000"):
-        bench.main(["--passages", "5000000", "--skip-baseline", "--skip-bm25s", "--workers", "0"])
+        bench_mod.main(["--passages", "5000000", "--skip-baseline", "--skip-bm25s", "--workers", "0"])
+
+
+def test_the_bench_shows_progress_on_stderr_and_none_with_no_progress(tmp_path, monkeypatch, capfd):
+    from twice_envs import progress
+
+    monkeypatch.setattr(progress, "_forced", None)  # restored after the test
+    monkeypatch.setenv("TWICE_CACHE", str(tmp_path / "cache"))
+    small = ["bench", "searchqa", "--passages", "1500", "--queries", "20", "--reps", "5", "--skip-baseline",
+             "--skip-bm25s", "--skip-tantivy", "--skip-lucene", "--workers", "0", "--rounds", "2"]
+    progress.set_enabled(True)  # as on a terminal
+    resources.clear()
+    assert main(small) == 0
+    out, err = capfd.readouterr()
+    assert "BM25 timing: 2/2 rounds (100%)" in err and "BM25 timing" not in out  # the figures stay on stdout
+    resources.clear()
+    assert main([*small, "--no-progress"]) == 0  # still as on a terminal
+    out, err = capfd.readouterr()
+    assert "BM25 timing" not in err and not progress.enabled() and out.startswith("corpus: ")
+    resources.clear()

@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from twice_envs.envs.searchqa.retrievers import faiss_gpus, place_index
+from twice_envs.envs.searchqa.dense_index import faiss_gpus, place_index
 
 
 def _fake_faiss(gpus):

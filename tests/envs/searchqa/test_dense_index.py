@@ -17,7 +17,9 @@ import pytest
 faiss = pytest.importorskip("faiss")
 
 from tests.cache_damage import cases, damage, named  # noqa: E402
-from twice_envs import _cache  # noqa: E402
+from twice_envs import _cache, progress  # noqa: E402
+from twice_envs.envs.searchqa import dense_files as DF  # noqa: E402
+from twice_envs.envs.searchqa import dense_index as DI  # noqa: E402
 from twice_envs.envs.searchqa import retrievers as R  # noqa: E402
 from twice_envs.envs.searchqa.dense_bench import synthetic_chunks, synthetic_mixture  # noqa: E402
 from twice_envs.errors import DataFormatError  # noqa: E402
@@ -46,7 +48,7 @@ def data():
 @pytest.fixture(scope="module")
 def vectors_dir(data, tmp_path_factory):
     directory = tmp_path_factory.mktemp("vectors")
-    R.write_vectors(directory, np.array_split(data[0], 3), N, DIM)
+    DF.write_vectors(directory, np.array_split(data[0], 3), N, DIM)
     return directory
 
 
@@ -54,26 +56,26 @@ def _params(kind, **kw):
     # IVF-PQ at 64 dimensions: 16 sub-quantizers of 4 dimensions, 6-bit codes (64 centroids each).
     if kind == "ivfpq":
         kw = {"pq_m": 16, "nbits": 6, **kw}
-    return R.DenseParams(index_kind=kind, **kw)
+    return DI.DenseParams(index_kind=kind, **kw)
 
 
 def _search(index, queries, k=K):
     scores, ids = index.search(np.ascontiguousarray(queries), min(index.ntotal, k + 8))
-    return [r[0] for r in R.rank_rows(scores, ids, k)]
+    return [r[0] for r in DI.rank_rows(scores, ids, k)]
 
 
 def _open(vectors_dir, tmp_path, kind, **kw):
     params = _params(kind, **kw)
-    spec = R.index_spec(params, N, DIM)
-    vectors = R.open_vectors(vectors_dir, N, DIM)
+    spec = DI.index_spec(params, N, DIM)
+    vectors = DF.open_vectors(vectors_dir, N, DIM)
     if kind == "flat":
-        return R.FlatVectors(faiss, vectors), spec
+        return DI.FlatVectors(faiss, vectors), spec
     out = tmp_path / f"{kind}-{R.index_key('e', spec)[:8]}"
     if not out.exists():  # the same build settings share one file
         out.mkdir()
-        R.write_index_dir(faiss, R.build_faiss_index(faiss, vectors, spec), out, spec)
-    index = R.open_index_dir(faiss, out, spec, N)
-    R.configure_search(faiss, index, R.search_settings(params, kind))
+        DF.write_index_dir(faiss, DI.build_faiss_index(faiss, vectors, spec), out, spec)
+    index = DF.open_index_dir(faiss, out, spec, N)
+    DI.configure_search(faiss, index, DI.search_settings(params, kind))
     return index, spec
 
 
@@ -81,11 +83,11 @@ def _recall(got, want):
     return float(np.mean([len(set(a) & set(b)) / K for a, b in zip(got, want)]))
 
 
-@pytest.mark.parametrize("kind", R.INDEX_KINDS)
+@pytest.mark.parametrize("kind", DI.INDEX_KINDS)
 def test_each_kind_builds_and_searches(kind, data, vectors_dir, tmp_path):
     vectors, _ = data
     index, spec = _open(vectors_dir, tmp_path, kind)
-    assert R.kind_of(faiss, index) == kind and index.ntotal == N and spec["kind"] == kind
+    assert DI.kind_of(faiss, index) == kind and index.ntotal == N and spec["kind"] == kind
     rows = _search(index, vectors[:20])
     assert all(len(r) == K and all(0 <= i < N for i in r) for r in rows)
     if kind != "ivfpq":  # a stored vector finds itself first (IVF-PQ scores approximate codes)
@@ -114,12 +116,12 @@ def test_recall_against_flat(data, vectors_dir, tmp_path):
 
 def test_rebuild_is_deterministic(data, vectors_dir, tmp_path):
     """Same settings, same bytes and same ids; IVF also across thread counts (HNSW always builds on one thread)."""
-    vectors = R.open_vectors(vectors_dir)
+    vectors = DF.open_vectors(vectors_dir)
 
     def digest(kind, threads=1, **kw):
         faiss.omp_set_num_threads(threads)
         try:
-            index = R.build_faiss_index(faiss, vectors, R.index_spec(_params(kind, **kw), N, DIM))
+            index = DI.build_faiss_index(faiss, vectors, DI.index_spec(_params(kind, **kw), N, DIM))
             assert faiss.omp_get_max_threads() == threads  # an HNSW build restores the caller's thread count
         finally:
             faiss.omp_set_num_threads(1)
@@ -135,178 +137,183 @@ def test_rebuild_is_deterministic(data, vectors_dir, tmp_path):
     assert _search(a, data[1]) == _search(b, data[1])
 
 
-def test_long_builds_report_progress(data, capsys):
-    assert R.progress_printer("x", R.PROGRESS_FROM - 1) is None  # short builds stay quiet
+def test_long_builds_report_progress(data, capsys, monkeypatch):
     seen = []
-    R.build_faiss_index(faiss, data[0][:300], R.index_spec(_params("hnsw"), 300, DIM), seen.append)
-    assert seen == [300]
-    progress = R.progress_printer("building", 2 * R.PROGRESS_FROM)
-    for done in range(0, 2 * R.PROGRESS_FROM + 1, 1000):
-        progress(done)
-    lines = capsys.readouterr().err.splitlines()
-    total = f"{2 * R.PROGRESS_FROM:,}"
-    assert 20 <= len(lines) <= 22 and lines[-1].startswith(f"  building: {total} / {total}")
+    DI.build_faiss_index(faiss, data[0][:300], DI.index_spec(_params("hnsw"), 300, DIM), seen.append)
+    assert seen == [300]  # a build calls progress(rows done so far) after each chunk
+    monkeypatch.setattr(progress, "_forced", None)  # restored after the test
+    progress.set_enabled(True)
+    assert DI.BuildProgress("x", DI.PROGRESS_FROM - 1).show is False  # short builds stay quiet
+    total = 2 * DI.PROGRESS_FROM
+    with DI.BuildProgress("building", total) as bar:
+        for done in range(0, total + 1, 1000):
+            bar(done)
+    assert bar.done == total
+    line = capsys.readouterr().err.split("\r")[-1]
+    assert line.startswith(f"building: {total}/{total} passages (100%), ") and line.endswith("\n")
+    progress.set_enabled(False)  # what --no-progress does
+    assert DI.BuildProgress("building", total).show is False
 
 
 def test_training_sample_is_fixed():
-    assert R.training_sample(10, 20, 0).tolist() == list(range(10))
-    s = R.training_sample(1000, 100, 7)
+    assert DI.training_sample(10, 20, 0).tolist() == list(range(10))
+    s = DI.training_sample(1000, 100, 7)
     assert len(set(s.tolist())) == 100 and s.tolist() == sorted(s.tolist())
-    assert np.array_equal(s, R.training_sample(1000, 100, 7)) and not np.array_equal(s, R.training_sample(1000, 100, 8))
+    assert np.array_equal(s, DI.training_sample(1000, 100, 7)) and not np.array_equal(s, DI.training_sample(1000, 100, 8))
 
 
 def test_cache_key_names_kind_and_build_settings():
     specs = {
-        "flat": R.index_spec(R.DenseParams(), N, DIM),
-        "ivf": R.index_spec(_params("ivf"), N, DIM),
-        "ivf nlist 32": R.index_spec(_params("ivf", nlist=32), N, DIM),
-        "ivf seed 1": R.index_spec(_params("ivf", seed=1), N, DIM),
-        "hnsw": R.index_spec(_params("hnsw"), N, DIM),
-        "hnsw M 16": R.index_spec(_params("hnsw", hnsw_m=16), N, DIM),
-        "hnsw efC 40": R.index_spec(_params("hnsw", ef_construction=40), N, DIM),
-        "ivfpq": R.index_spec(_params("ivfpq"), N, DIM),
-        "ivfpq m 8": R.index_spec(_params("ivfpq", pq_m=8), N, DIM),
-        "ivfpq 5 bits": R.index_spec(_params("ivfpq", nbits=5), N, DIM),
+        "flat": DI.index_spec(DI.DenseParams(), N, DIM),
+        "ivf": DI.index_spec(_params("ivf"), N, DIM),
+        "ivf nlist 32": DI.index_spec(_params("ivf", nlist=32), N, DIM),
+        "ivf seed 1": DI.index_spec(_params("ivf", seed=1), N, DIM),
+        "hnsw": DI.index_spec(_params("hnsw"), N, DIM),
+        "hnsw M 16": DI.index_spec(_params("hnsw", hnsw_m=16), N, DIM),
+        "hnsw efC 40": DI.index_spec(_params("hnsw", ef_construction=40), N, DIM),
+        "ivfpq": DI.index_spec(_params("ivfpq"), N, DIM),
+        "ivfpq m 8": DI.index_spec(_params("ivfpq", pq_m=8), N, DIM),
+        "ivfpq 5 bits": DI.index_spec(_params("ivfpq", nbits=5), N, DIM),
     }
     keys = {name: R.index_key("emb", spec) for name, spec in specs.items()}
     assert len(set(keys.values())) == len(keys)
     assert R.index_key("emb", specs["ivf"]) != R.index_key("other-emb", specs["ivf"])
     # search settings do not change the file (no rebuild), only the retriever's version
-    assert R.index_spec(_params("ivf", nprobe=2), N, DIM) == specs["ivf"]
-    assert R.index_spec(_params("hnsw", ef_search=9), N, DIM) == specs["hnsw"]
-    assert R.search_settings(_params("ivf", nprobe=2), "ivf") == {"nprobe": 2}
-    assert specs["ivf"]["nlist"] == R.auto_nlist(N) == 64 and R.auto_nlist(100) == 2 and R.auto_nlist(10) == 1
-    assert R.auto_nlist(1_000_000) == 1024
+    assert DI.index_spec(_params("ivf", nprobe=2), N, DIM) == specs["ivf"]
+    assert DI.index_spec(_params("hnsw", ef_search=9), N, DIM) == specs["hnsw"]
+    assert DI.search_settings(_params("ivf", nprobe=2), "ivf") == {"nprobe": 2}
+    assert specs["ivf"]["nlist"] == DI.auto_nlist(N) == 64 and DI.auto_nlist(100) == 2 and DI.auto_nlist(10) == 1
+    assert DI.auto_nlist(1_000_000) == 1024
     assert set(specs["hnsw"]) == {"kind", "dim", "hnsw_m", "ef_construction"}
 
 
 def test_bad_settings_are_refused():
     with pytest.raises(ValueError, match="index_kind"):
-        R.DenseParams(index_kind="lsh")
+        DI.DenseParams(index_kind="lsh")
     with pytest.raises(ValueError, match="nprobe"):
-        R.DenseParams(nprobe=0)
+        DI.DenseParams(nprobe=0)
     with pytest.raises(ValueError, match="divide"):
-        R.index_spec(R.DenseParams(index_kind="ivfpq", pq_m=7), N, DIM)
+        DI.index_spec(DI.DenseParams(index_kind="ivfpq", pq_m=7), N, DIM)
     with pytest.raises(ValueError, match="at least 256 passages"):
-        R.index_spec(R.DenseParams(index_kind="ivfpq"), 100, DIM)
+        DI.index_spec(DI.DenseParams(index_kind="ivfpq"), 100, DIM)
     with pytest.raises(ValueError, match="nlist"):
-        R.index_spec(R.DenseParams(index_kind="ivf", nlist=50), 20, DIM)
+        DI.index_spec(DI.DenseParams(index_kind="ivf", nlist=50), 20, DIM)
 
 
 def _built(vectors_dir, tmp_path, kind="ivf"):
-    spec = R.index_spec(_params(kind), N, DIM)
+    spec = DI.index_spec(_params(kind), N, DIM)
     out = tmp_path / kind
     out.mkdir()
-    R.write_index_dir(faiss, R.build_faiss_index(faiss, R.open_vectors(vectors_dir), spec), out, spec)
+    DF.write_index_dir(faiss, DI.build_faiss_index(faiss, DF.open_vectors(vectors_dir), spec), out, spec)
     return out, spec
 
 
 @pytest.mark.parametrize("kind", ["ivf", "hnsw", "ivfpq"])
 def test_truncated_or_garbage_index_raises_naming_the_file(kind, vectors_dir, tmp_path):
     out, spec = _built(vectors_dir, tmp_path, kind)
-    path = out / R.INDEX_FILE
+    path = out / DF.INDEX_FILE
     good = path.read_bytes()
     path.write_bytes(good[: len(good) // 2])  # truncated
     with pytest.raises(DataFormatError, match="truncated") as info:
-        R.open_index_dir(faiss, out, spec, N)
+        DF.open_index_dir(faiss, out, spec, N)
     assert str(path) in str(info.value)
     path.write_bytes(np.random.default_rng(0).bytes(len(good)))  # garbage of the right size
     with pytest.raises(DataFormatError, match="corrupt") as info:
-        R.open_index_dir(faiss, out, spec, N)
+        DF.open_index_dir(faiss, out, spec, N)
     assert str(path) in str(info.value)
     # without a manifest (a user's prebuilt file), faiss's own parse catches both
     for blob in (good[: len(good) // 3], b"\0" * 64, np.random.default_rng(1).bytes(4096)):
         path.write_bytes(blob)
         with pytest.raises(DataFormatError, match="not a readable faiss index") as info:
-            R.read_index_file(faiss, path)
+            DF.read_index_file(faiss, path)
         assert str(path) in str(info.value)
     (out / _cache.MANIFEST).write_text("{not json")
     with pytest.raises(DataFormatError, match="manifest"):
-        R.open_index_dir(faiss, out, spec, N)
+        DF.open_index_dir(faiss, out, spec, N)
 
 
 def test_truncated_or_garbage_vectors_raise(data, tmp_path):
-    R.write_vectors(tmp_path, [data[0][:500]], 500, DIM)
-    path = tmp_path / R.VECTORS_FILE
-    v = R.open_vectors(tmp_path, 500, DIM)
+    DF.write_vectors(tmp_path, [data[0][:500]], 500, DIM)
+    path = tmp_path / DF.VECTORS_FILE
+    v = DF.open_vectors(tmp_path, 500, DIM)
     assert isinstance(v, np.memmap) and not v.flags.writeable and np.array_equal(v, data[0][:500])
     del v
     good = path.read_bytes()
     with pytest.raises(DataFormatError, match="expected float32"):
-        R.open_vectors(tmp_path, 501, DIM)
+        DF.open_vectors(tmp_path, 501, DIM)
     path.write_bytes(good[:-100])
     with pytest.raises(DataFormatError, match="truncated") as info:
-        R.open_vectors(tmp_path)
+        DF.open_vectors(tmp_path)
     assert str(path) in str(info.value)
     path.write_bytes(good[:64] + np.random.default_rng(0).bytes(len(good) - 64))
     with pytest.raises(DataFormatError, match="corrupt"):
-        R.open_vectors(tmp_path)
+        DF.open_vectors(tmp_path)
 
 
 def test_cache_rebuilds_a_corrupt_folder(data, vectors_dir, tmp_path):
-    spec = R.index_spec(_params("ivf"), N, DIM)
+    spec = DI.index_spec(_params("ivf"), N, DIM)
     builds = []
 
     def build(tmp):
         builds.append(tmp)
-        R.write_index_dir(faiss, R.build_faiss_index(faiss, R.open_vectors(vectors_dir), spec), tmp, spec)
+        DF.write_index_dir(faiss, DI.build_faiss_index(faiss, DF.open_vectors(vectors_dir), spec), tmp, spec)
 
     target = tmp_path / "cache" / "x.ivf"
-    first = R.cached(target, lambda d: R.open_index_dir(faiss, d, spec, N), build, "test index")
+    first = _cache.cached(target, lambda d: DF.open_index_dir(faiss, d, spec, N), build, "test index")
     want = _search(first, data[1][:20])
     del first
-    assert len(builds) == 1 and R.cached(target, lambda d: R.open_index_dir(faiss, d, spec, N), build, "test index")
+    assert len(builds) == 1 and _cache.cached(target, lambda d: DF.open_index_dir(faiss, d, spec, N), build, "test index")
     assert len(builds) == 1  # opened, not rebuilt
-    path = target / R.INDEX_FILE
+    path = target / DF.INDEX_FILE
     path.write_bytes(path.read_bytes()[:1000])
     with pytest.warns(RuntimeWarning, match=str(path).replace("\\", "\\\\")):
-        again = R.cached(target, lambda d: R.open_index_dir(faiss, d, spec, N), build, "test index")
+        again = _cache.cached(target, lambda d: DF.open_index_dir(faiss, d, spec, N), build, "test index")
     assert len(builds) == 2 and _search(again, data[1][:20]) == want
     assert [p.name for p in target.parent.iterdir()] == ["x.ivf"]  # no leftovers
 
 
-@pytest.mark.parametrize("kind, name", cases([R.VECTORS_FILE], _cache.MANIFEST))
+@pytest.mark.parametrize("kind, name", cases([DF.VECTORS_FILE], _cache.MANIFEST))
 def test_every_damage_of_the_vectors_folder_is_named_then_healed(data, tmp_path, kind, name):
     builds = []
 
     def build(tmp):
         builds.append(tmp)
-        R.write_vectors(tmp, np.array_split(data[0][:600], 2), 600, DIM)
+        DF.write_vectors(tmp, np.array_split(data[0][:600], 2), 600, DIM)
 
     target = tmp_path / "x.vectors"
-    first = np.array(R.cached(target, lambda d: R.open_vectors(d, 600, DIM), build, "dense vectors"))
+    first = np.array(_cache.cached(target, lambda d: DF.open_vectors(d, 600, DIM), build, "dense vectors"))
     damage(kind, target, name)
     with pytest.raises(DataFormatError) as err:
-        R.open_vectors(target, 600, DIM)
+        DF.open_vectors(target, 600, DIM)
     assert err.value.path == named(kind, target, name)
     bad = re.escape(named(kind, target, name))
     with pytest.warns(RuntimeWarning, match=f"dense vectors unusable, rebuilding it: {bad}"):
-        again = R.cached(target, lambda d: R.open_vectors(d, 600, DIM), build, "dense vectors")
+        again = _cache.cached(target, lambda d: DF.open_vectors(d, 600, DIM), build, "dense vectors")
     assert np.array_equal(again, first) and len(builds) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["x.vectors"]
 
 
-@pytest.mark.parametrize("kind, name", cases([R.INDEX_FILE], _cache.MANIFEST))
+@pytest.mark.parametrize("kind, name", cases([DF.INDEX_FILE], _cache.MANIFEST))
 def test_every_damage_of_an_index_folder_is_named_then_healed(data, vectors_dir, tmp_path, kind, name):
-    spec = R.index_spec(_params("ivf"), N, DIM)
+    spec = DI.index_spec(_params("ivf"), N, DIM)
 
     def build(tmp):
-        R.write_index_dir(faiss, R.build_faiss_index(faiss, R.open_vectors(vectors_dir), spec), tmp, spec)
+        DF.write_index_dir(faiss, DI.build_faiss_index(faiss, DF.open_vectors(vectors_dir), spec), tmp, spec)
 
     def open_fn(d):
-        index = R.open_index_dir(faiss, d, spec, N)
-        R.configure_search(faiss, index, {"nprobe": 8})
+        index = DF.open_index_dir(faiss, d, spec, N)
+        DI.configure_search(faiss, index, {"nprobe": 8})
         return index
 
     target = tmp_path / "x.ivf"
-    want = _search(R.cached(target, open_fn, build, "dense ivf index"), data[1][:20])
+    want = _search(_cache.cached(target, open_fn, build, "dense ivf index"), data[1][:20])
     damage(kind, target, name)
     with pytest.raises(DataFormatError) as err:
-        R.open_index_dir(faiss, target, spec, N)
+        DF.open_index_dir(faiss, target, spec, N)
     assert err.value.path == named(kind, target, name)
     bad = re.escape(named(kind, target, name))
     with pytest.warns(RuntimeWarning, match=f"dense ivf index unusable, rebuilding it: {bad}"):
-        again = R.cached(target, open_fn, build, "dense ivf index")
+        again = _cache.cached(target, open_fn, build, "dense ivf index")
     assert _search(again, data[1][:20]) == want
     assert [p.name for p in tmp_path.iterdir()] == ["x.ivf"]
 
@@ -315,13 +322,13 @@ def test_every_damage_of_an_index_folder_is_named_then_healed(data, vectors_dir,
 @pytest.mark.parametrize("kind", ["ivf", "hnsw", "ivfpq"])
 def test_index_file_is_mapped_not_copied(kind, vectors_dir, tmp_path):
     out, spec = _built(vectors_dir, tmp_path, kind)
-    index = R.open_index_dir(faiss, out, spec, N)
+    index = DF.open_index_dir(faiss, out, spec, N)
     try:
         with open("/proc/self/maps") as fh:
             maps = fh.read()
     except OSError:
         pytest.skip("no /proc on this platform")
-    assert str(out / R.INDEX_FILE) in maps and index.ntotal == N
+    assert str(out / DF.INDEX_FILE) in maps and index.ntotal == N
 
 
 # ----------------------------------------------------------------------------- GPU placement (stand-in faiss)
@@ -344,36 +351,36 @@ class _GpuFaiss(types.SimpleNamespace):
 @pytest.mark.parametrize("kind", ["flat", "ivf", "ivfpq"])
 def test_gpu_kinds_go_to_the_gpus(kind):
     fake = _GpuFaiss()
-    assert R.place_index(fake, "ix", None, kind) == ("gpu", "ix") and fake.moved == ["ix"]
-    assert R.place_index(fake, "ix", True, kind) == ("gpu", "ix")
-    assert R.place_index(fake, "ix", False, kind) == "ix" and len(fake.moved) == 2
+    assert DI.place_index(fake, "ix", None, kind) == ("gpu", "ix") and fake.moved == ["ix"]
+    assert DI.place_index(fake, "ix", True, kind) == ("gpu", "ix")
+    assert DI.place_index(fake, "ix", False, kind) == "ix" and len(fake.moved) == 2
 
 
 def test_hnsw_stays_on_the_cpu():
     fake = _GpuFaiss()
-    assert R.place_index(fake, "ix", None, "hnsw") == "ix" and fake.moved == []
+    assert DI.place_index(fake, "ix", None, "hnsw") == "ix" and fake.moved == []
     with pytest.raises(RuntimeError, match="no GPU version of the 'hnsw' index"):
-        R.place_index(fake, "ix", True, "hnsw")
+        DI.place_index(fake, "ix", True, "hnsw")
 
 
 def test_flat_vectors_are_copied_into_a_flat_index_for_the_gpus(data):
     fake = _GpuFaiss()
-    placed = R.place_index(fake, R.FlatVectors(faiss, data[0][:100]), None, "flat")
+    placed = DI.place_index(fake, DI.FlatVectors(faiss, data[0][:100]), None, "flat")
     assert placed[0] == "gpu" and isinstance(placed[1], faiss.IndexFlatIP) and placed[1].ntotal == 100
-    assert _search(placed[1], data[0][:5]) == _search(R.FlatVectors(faiss, data[0][:100]), data[0][:5])
+    assert _search(placed[1], data[0][:5]) == _search(DI.FlatVectors(faiss, data[0][:100]), data[0][:5])
 
 
 def test_gpu_refusal_falls_back_or_raises():
     fake = _GpuFaiss(fail=True)
     with pytest.warns(RuntimeWarning, match="on the CPU"):
-        assert R.place_index(fake, "ix", None, "ivfpq") == "ix"
+        assert DI.place_index(fake, "ix", None, "ivfpq") == "ix"
     with pytest.raises(RuntimeError, match="could not put the 'ivfpq' index on the GPUs"):
-        R.place_index(fake, "ix", True, "ivfpq")
+        DI.place_index(fake, "ix", True, "ivfpq")
     with pytest.raises(RuntimeError, match=r"twice-envs\[gpu\]"):
-        R.place_index(_GpuFaiss(gpus=0), "ix", True, "ivf")
+        DI.place_index(_GpuFaiss(gpus=0), "ix", True, "ivf")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert R.place_index(_GpuFaiss(gpus=0), "ix", None, "ivf") == "ix"
+        assert DI.place_index(_GpuFaiss(gpus=0), "ix", None, "ivf") == "ix"
 
 
 # ----------------------------------------------------------------------------- the retriever (needs the encoder)
@@ -399,14 +406,14 @@ def corpus(tmp_path_factory):
 
 
 def test_retriever_kinds_cache_and_versions(corpus):
-    base = R.DenseParams(use_gpu=False)
+    base = DI.DenseParams(use_gpu=False)
     flat = R.DenseRetriever(corpus, base)
     ivf = R.DenseRetriever(corpus, replace(base, index_kind="ivf"))
     ivf_probe = R.DenseRetriever(corpus, replace(base, index_kind="ivf", nprobe=2))
     ivf_lists = R.DenseRetriever(corpus, replace(base, index_kind="ivf", nlist=8))
     hnsw = R.DenseRetriever(corpus, replace(base, index_kind="hnsw"))
     pq = R.DenseRetriever(corpus, replace(base, index_kind="ivfpq", pq_m=48, nbits=8))
-    assert flat.index_dir is None and isinstance(flat.index, R.FlatVectors) and not flat.index.vectors.flags.writeable
+    assert flat.index_dir is None and isinstance(flat.index, DI.FlatVectors) and not flat.index.vectors.flags.writeable
     assert {r.vectors_dir for r in (flat, ivf, hnsw, pq)} == {flat.vectors_dir}  # one embedding pass for every kind
     assert ".ivf-" in ivf.index_dir.name and ".hnsw-" in hnsw.index_dir.name and ".ivfpq-" in pq.index_dir.name
     assert ivf_probe.index_dir == ivf.index_dir != ivf_lists.index_dir  # nprobe is a search setting, nlist a build one
@@ -419,33 +426,33 @@ def test_retriever_kinds_cache_and_versions(corpus):
 
 
 def test_retriever_rebuilds_a_truncated_index(corpus):
-    params = R.DenseParams(use_gpu=False, index_kind="hnsw")
+    params = DI.DenseParams(use_gpu=False, index_kind="hnsw")
     first = R.DenseRetriever(corpus, params)
     want = first.search("copper lantern of place 7", 3)
-    path = first.index_dir / R.INDEX_FILE
+    path = first.index_dir / DF.INDEX_FILE
     del first
     path.write_bytes(path.read_bytes()[:4096])
     with pytest.warns(RuntimeWarning, match="rebuilding"):
         again = R.DenseRetriever(corpus, params)
     assert again.search("copper lantern of place 7", 3) == want
-    vec = again.vectors_dir / R.VECTORS_FILE
+    vec = again.vectors_dir / DF.VECTORS_FILE
     vec.write_bytes(vec.read_bytes()[:-8])
     with pytest.warns(RuntimeWarning, match="truncated"):
-        flat = R.DenseRetriever(corpus, R.DenseParams(use_gpu=False))
+        flat = R.DenseRetriever(corpus, DI.DenseParams(use_gpu=False))
     assert flat.index.ntotal == len(corpus)
 
 
 def test_prebuilt_index_file_keeps_its_kind(corpus, tmp_path):
-    params = R.DenseParams(use_gpu=False, index_kind="hnsw")
+    params = DI.DenseParams(use_gpu=False, index_kind="hnsw")
     built = R.DenseRetriever(corpus, params)
-    prebuilt = R.DenseRetriever(corpus, R.DenseParams(use_gpu=False, index_path=str(built.index_dir / R.INDEX_FILE)))
+    prebuilt = R.DenseRetriever(corpus, DI.DenseParams(use_gpu=False, index_path=str(built.index_dir / DF.INDEX_FILE)))
     assert prebuilt.index_kind == "hnsw" and prebuilt.search("salt tower", 3) == built.search("salt tower", 3)
     with pytest.raises(ValueError, match="holds a 'hnsw' index"):
-        R.DenseRetriever(corpus, R.DenseParams(use_gpu=False, index_kind="ivf",
-                                               index_path=str(built.index_dir / R.INDEX_FILE)))
+        R.DenseRetriever(corpus, DI.DenseParams(use_gpu=False, index_kind="ivf",
+                                               index_path=str(built.index_dir / DF.INDEX_FILE)))
     (tmp_path / "bad.index").write_bytes(b"\x00" * 100)
     with pytest.raises(DataFormatError, match="bad.index"):
-        R.DenseRetriever(corpus, R.DenseParams(use_gpu=False, index_path=str(tmp_path / "bad.index")))
+        R.DenseRetriever(corpus, DI.DenseParams(use_gpu=False, index_path=str(tmp_path / "bad.index")))
 
 
 # ----------------------------------------------------------------------------- the benchmark

@@ -36,6 +36,8 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 
+from twice_envs import progress
+
 DIM = 384
 
 # ----------------------------------------------------------------------------- synthetic vectors
@@ -95,7 +97,8 @@ args = json.loads(sys.argv[1])
 import numpy as np
 import faiss
 faiss.omp_set_num_threads(args["threads"])
-from twice_envs.envs.searchqa import retrievers as R
+from twice_envs.envs.searchqa import dense_files as F
+from twice_envs.envs.searchqa import dense_index as R
 
 def rss():
     out = {}
@@ -107,20 +110,21 @@ def rss():
     return out
 
 if args["job"] == "build":
-    vectors = R.open_vectors(args["vectors"])
+    vectors = F.open_vectors(args["vectors"])
     t = time.perf_counter()
-    index = R.build_faiss_index(faiss, vectors, args["spec"], R.progress_printer("adding", len(vectors)))
+    with R.BuildProgress("adding", len(vectors), unit="vectors") as progress:
+        index = R.build_faiss_index(faiss, vectors, args["spec"], progress)
     build_s = time.perf_counter() - t
     os.makedirs(args["out"], exist_ok=True)
-    R.write_index_dir(faiss, index, args["out"], args["spec"])
+    F.write_index_dir(faiss, index, args["out"], args["spec"])
     # VmHWM: this process's own peak (ru_maxrss would include the parent's memory at fork)
     print(json.dumps({"build_s": build_s, "peak_rss": rss()["VmHWM"]}))
 else:
     queries = np.load(args["queries"])
     if args["spec"]["kind"] == "flat":
-        index = R.FlatVectors(faiss, R.open_vectors(args["vectors"]))
+        index = R.FlatVectors(faiss, F.open_vectors(args["vectors"]))
     else:
-        index = R.open_index_dir(faiss, args["index"], args["spec"])
+        index = F.open_index_dir(faiss, args["index"], args["spec"])
         R.configure_search(faiss, index, args["search"])
     opened = rss()
     k, extra = args["k"], min(index.ntotal, args["k"] + 8)
@@ -145,7 +149,7 @@ else:
 def _child(args: dict, threads: int) -> dict:
     """Run one build or search in a fresh process (a build's progress and messages go to this stderr)."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               MKL_NUM_THREADS=str(threads))
+               MKL_NUM_THREADS=str(threads), **({} if progress.enabled() else {"TWICE_PROGRESS": "0"}))
     build = args["job"] == "build"
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps({**args, "threads": threads})], check=False,
                           stdout=subprocess.PIPE, stderr=None if build else subprocess.PIPE, text=True, env=env)
@@ -193,15 +197,17 @@ def _real_vectors(passages: int, n_queries: int, log) -> tuple[str, np.ndarray, 
 
 
 def _synthetic_vectors(passages: int, n_queries: int, work: Path, seed: int, log) -> tuple[str, np.ndarray, dict]:
-    from twice_envs.envs.searchqa.retrievers import progress_printer, write_vectors
+    from twice_envs.envs.searchqa.dense_files import write_vectors
+    from twice_envs.envs.searchqa.dense_index import BuildProgress
 
     mixture = synthetic_mixture(seed=seed, clusters=_clusters(passages))
     directory = work / "synthetic.vectors"
     directory.mkdir(parents=True, exist_ok=True)
     log(f"  drawing {passages:,} synthetic vectors ...")
     t = time.perf_counter()
-    write_vectors(directory, synthetic_chunks(passages, mixture), passages, DIM, {"synthetic": True, "seed": seed},
-                  progress=progress_printer("drawn", passages))
+    with BuildProgress("drawn", passages, unit="vectors") as drawn:
+        write_vectors(directory, synthetic_chunks(passages, mixture), passages, DIM, {"synthetic": True, "seed": seed},
+                      progress=drawn)
     queries = np.concatenate(list(synthetic_chunks(n_queries, mixture, stream=1)))
     info = {"passages": passages, "queries": n_queries, "draw_s": time.perf_counter() - t,
             "clusters": int(mixture["centres"].shape[0])}
@@ -223,7 +229,7 @@ def similarity_profile(vectors: np.ndarray, queries: np.ndarray) -> dict:
 # ----------------------------------------------------------------------------- runs
 def _settings(args) -> list[tuple[str, object, dict]]:
     """(kind, DenseParams, search settings) rows for the requested kinds and sweeps."""
-    from twice_envs.envs.searchqa.retrievers import DenseParams
+    from twice_envs.envs.searchqa.dense_index import DenseParams
 
     rows = []
     base = dict(nlist=args.nlist, hnsw_m=args.hnsw_m, ef_construction=args.ef_construction, pq_m=args.pq_m,
@@ -242,7 +248,8 @@ def _settings(args) -> list[tuple[str, object, dict]]:
 
 def run(args, source: str, log) -> dict:
     """Measure every requested kind on one source of vectors (``"real"`` or ``"synthetic"``)."""
-    from twice_envs.envs.searchqa.retrievers import VECTORS_FILE, index_spec, open_vectors
+    from twice_envs.envs.searchqa.dense_files import VECTORS_FILE, open_vectors
+    from twice_envs.envs.searchqa.dense_index import index_spec
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="twice-dense-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -369,7 +376,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--nbits", type=int, help="IVF-PQ bits per sub-code")
     ap.add_argument("--workdir", help="keep the built files here (default: a temporary folder, removed at the end)")
     ap.add_argument("--json", help="also write the full report to this JSON file")
+    progress.add_argument(ap)
     args = ap.parse_args(argv)
+    progress.apply(args)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     args.kinds = ",".join(["flat"] + [k for k in kinds if k != "flat"])
 
