@@ -22,7 +22,8 @@ import os
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description="TRL GRPOTrainer with twin credit on SearchQA-v0")
     p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a local HF model directory")
-    p.add_argument("--method", default="twice", choices=["grpo", "gigpo", "twice", "crr", "vineppo"])
+    p.add_argument("--method", default="twice",
+                   help="a registered credit method (TwinRollout refuses one TRL cannot run, and says why)")
     p.add_argument("--steps", type=int, default=2, help="optimiser steps")
     p.add_argument("--questions", type=int, default=2, help="tasks per step")
     p.add_argument("--group-size", type=int, default=2, help="episodes per task (G)")

@@ -4,8 +4,7 @@ Every ``import`` of every module, including imports inside functions and
 ``importlib.import_module("...")`` with a literal name, is read from the source. Inside
 ``agents/`` the subpackages are layered too (:data:`AGENT_RANKS`), no two modules import
 each other (directly or round a longer cycle), and string-named entry points
-(``"package.module:function"``: the CLI's command tables, a credit method's verl
-estimator) are edges of the graph, allowed only where :data:`COMPOSITION` declares them.
+(``"package.module:function"``: the CLI's command tables) are edges of the graph, allowed only where :data:`COMPOSITION` declares them.
 """
 
 from __future__ import annotations
@@ -54,12 +53,11 @@ AGENT_RANKS = {
 }
 #: Declared composition edges: (importing module prefix, target prefix) pairs a string entry
 #: point may take against the layers. The CLI's tables name every command's module; the
-#: registry names the vector envs the way gymnasium names entry points; a credit method names
-#: the verl estimator that runs it.
+#: registry names the vector envs the way gymnasium names entry points (a credit method names no
+#: verl estimator: verl chooses one by the method's needs).
 COMPOSITION = {
     ("twice_envs.cli", "twice_envs"),
     ("twice_envs.registry", "twice_envs.wrappers.vector"),
-    ("twice_envs.agents.credit", "twice_envs.integrations.verl.estimators"),
 }
 ENTRY_POINT = re.compile(r"^(twice_envs(?:\.\w+)+):\w+$")
 
@@ -277,14 +275,13 @@ def test_the_cycle_check_fails_on_a_planted_cycle(tmp_path):
 
 
 def test_entry_points_are_seen_and_resolve():
-    """The CLI's tables and the credit methods' verl estimators are read as edges, and each names
-    a real module."""
+    """The CLI's tables are read as edges, each names a real module, and no credit method names an
+    integration's module (verl finds a method's estimator by its needs)."""
     import importlib.util
 
     seen = {(m, t) for m, p in modules() for _, t in entry_points(p)}
     assert ("twice_envs.cli", "twice_envs.agents.cli.train") in seen
-    assert any(m.startswith("twice_envs.agents.credit") and t == "twice_envs.integrations.verl.estimators"
-               for m, t in seen)
+    assert not any(m.startswith("twice_envs.agents.credit") for m, _ in seen)
     for _, target in seen:
         assert importlib.util.find_spec(target) is not None, target
 

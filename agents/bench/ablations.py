@@ -54,9 +54,10 @@ from twice_envs.agents.credit.ablations import ABLATIONS, apply_ablations
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.predictor import decision_index
 from twice_envs.agents.lab import toy
-from twice_envs.agents.lab.runner import LabAuditConfig, lab_policy, training_time_twice
+from twice_envs.agents.lab.lab_audit import LabAuditConfig, training_time_twice
+from twice_envs.agents.lab.policies import lab_policy
 from twice_envs.agents.lab.search_toy import SearchToySetting
-from twice_envs.agents.lab.text_lab import TextLabSetting
+from twice_envs.agents.lab.text_setting import TextLabSetting
 from twice_envs.trajectory import atomic_write_text
 
 #: The published Table 3 rows, in its order (names of :data:`ABLATIONS`).

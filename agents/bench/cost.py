@@ -31,12 +31,11 @@ import numpy as np
 
 from twice_envs.agents import stats as cs
 from twice_envs.agents.bench.output import stderr_log, write_json
-from twice_envs.agents.credit.registry import check_env, factual_group_size
+from twice_envs.agents.credit.registry import CreditContext, check_env, factual_group_size, get_method, run_credit
 from twice_envs.agents.credit.registry import methods as registered_methods
-from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.lab import toy
-from twice_envs.agents.lab.runner import lab_critic, lab_policy, lab_step_fns
-from twice_envs.agents.rollout.twins import credit_step
+from twice_envs.agents.lab.policies import lab_policy
+from twice_envs.agents.lab.runners import lab_critic, lab_step_fns
 
 #: The paper's Tok. column (Tables 1, 2 and 14): generated tokens per update relative to GRPO's,
 #: auxiliary rollouts included, by registered method name.
@@ -123,13 +122,15 @@ def lab_rows(config: CostConfig, methods: Sequence[str], log, group_size: int = 
     rows: dict[str, list[dict]] = {m: [] for m in methods}
     for m in methods:
         rng, state, critic = np.random.default_rng(config.seed), None, lab_critic(m, policy)
+        method = get_method(m)
         for u in range(config.updates):
             t0 = time.perf_counter()
             eps, envs = toy.toy_rollouts(policy, config.questions, factual_group_size(m, group_size),
                                          noise_seed=config.seed * 100_003 + u)
-            res = credit_step(m, policy, eps, config=TwiceConfig(warmup_updates=config.skip), sampling=None, rng=rng,
-                              update=u, noise_seed=config.seed * 100_003 + u, predictor_state=state, critic=critic,
-                              **lab_step_fns(envs))
+            ctx = CreditContext(policy=policy, rng=rng, update=u, noise_seed=config.seed * 100_003 + u,
+                                config=method.settings(warmup_updates=config.skip), predictor_state=state,
+                                critic=critic, runners=lab_step_fns(envs))
+            res = run_credit(method, eps, ctx)
             state = res.predictor_state or state
             rows[m].append({"wall": time.perf_counter() - t0, "aux_tokens": int(res.aux_tokens),
                             "generated_tokens": sum(e.num_generated_tokens for e in eps)})

@@ -3,7 +3,7 @@
 In one run, with fixed seeds:
 
 0. **Credit audit on CreditToy-v0**, where the advantages are exact, then on
-   SearchToy-v0, both through the credit lab (:mod:`twice_envs.agents.lab.runner`, bootstrap
+   SearchToy-v0, both through the credit lab (:mod:`twice_envs.agents.lab.lab_audit`, bootstrap
    CIs): every decision gets a coupled twin, an independent counterfactual and VinePPO's
    value rollouts.
 
@@ -36,13 +36,12 @@ from typing import Sequence
 
 import numpy as np
 
-from twice_envs.agents.lab import runner as lab
-from twice_envs.agents.lab.audit import (
-    AuditConfig,
-    format_table,
-    run_audit,
-    write_outputs,
-)
+from twice_envs.agents.credit.registry import get_method
+from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.lab.audit import run_audit
+from twice_envs.agents.lab.audit_config import AuditConfig
+from twice_envs.agents.lab.lab_audit import LabAuditConfig, run_lab_audit
+from twice_envs.agents.lab.report import format_lab, format_table, write_lab, write_outputs
 from twice_envs.agents.models.load import load_policy
 from twice_envs.agents.training.config import cpu_config
 from twice_envs.agents.training.trainer import train
@@ -79,9 +78,9 @@ def main(argv: Sequence[str]) -> int:
     fig: dict = {}
 
     log("audit on CreditToy-v0 (exact advantages, keyed categorical policy)")
-    toy_res = lab.run_lab_audit(lab.LabAuditConfig(env="CreditToy-v0", groups=150 if q else 600, pairs=(1,),
+    toy_res = run_lab_audit(LabAuditConfig(env="CreditToy-v0", groups=150 if q else 600, pairs=(1,),
                                                    n_boot=200 if q else 1000))
-    print(lab.format_lab(toy_res), end="")
+    print(format_lab(toy_res), end="")
     trows = {r["method"]: r for r in toy_res.rows}
     for k, name in (("twice", "twice J1"), ("crr", "crr J1"), ("grpo", "grpo"), ("vineppo", "vineppo K2")):
         fig[f"toy_wrong_sign_{k}"] = trows[name]["wrong_sign"]["value"]
@@ -90,9 +89,9 @@ def main(argv: Sequence[str]) -> int:
     fig["toy_rho_twin"] = trows["twice J1"]["rho_bar"]["value"]
 
     log("credit lab on SearchToy-v0 (exact advantages, CIs; twice audit --env SearchToy-v0 for its options)")
-    lab_res = lab.run_lab_audit(lab.LabAuditConfig(groups=24 if q else 240, n_boot=200 if q else 1000))
-    print(lab.format_lab(lab_res), end="")
-    lab.write_lab(lab_res, out / "lab")
+    lab_res = run_lab_audit(LabAuditConfig(groups=24 if q else 240, n_boot=200 if q else 1000))
+    print(format_lab(lab_res), end="")
+    write_lab(lab_res, out / "lab")
     fig["lab"] = {r["method"]: {k: v for k, v in r.items() if k != "method"} for r in lab_res.rows}
     fig["lab_budget_ratio"] = lab_res.budget["twice"]["accounted_ratio"]
     fig["lab_generated_ratio"] = lab_res.budget["twice"]["generated_ratio"]
@@ -121,13 +120,13 @@ def main(argv: Sequence[str]) -> int:
         base = cpu_config(updates=updates, eval_every=eval_every, eval_questions=20 if q else 60, seed=3,
                           checkpoint_every=updates, questions_per_update=2 if q else 6, model=a.model,
                           max_new_tokens=turn_tokens)
-        if q:
-            base = replace(base, twice=replace(base.twice, warmup_updates=1))
+        twice_settings = TwiceConfig(warmup_updates=1) if q else TwiceConfig()
         runs = {}
         for method in ("grpo", "twice"):
             log(f"training {method}: {updates} updates")
-            runs[method] = train(replace(base, method=method, out_dir=str(out / method)), progress=False,
-                                 policy=load_policy(a.model), eval_before=True)
+            credit = get_method(method).settings(twice_settings)
+            runs[method] = train(replace(base, method=method, credit=credit, out_dir=str(out / method)),
+                                 progress=False, policy=load_policy(a.model), eval_before=True)
         evals = {}
         for m in runs:
             rows0 = [json.loads(l) for l in (out / m / "metrics.jsonl").read_text().splitlines() if l.strip()]
@@ -141,7 +140,7 @@ def main(argv: Sequence[str]) -> int:
         fig["twice_final_dev_em"] = evals["twice"][-1][1]
         fig["twice_updates_to_grpo_final"] = reach
         fig["twice_updates_share"] = reach / updates if reach is not None else None
-        warm = base.twice.warmup_updates
+        warm = twice_settings.warmup_updates
         post = [r for r in runs["twice"] if r["update"] > warm]
         target_tok = sum(r.get("aux_target") or 0 for r in post)
         fig["realised_aux_over_budget"] = (sum(r.get("aux_accounted") or 0 for r in post) / target_tok
@@ -153,7 +152,7 @@ def main(argv: Sequence[str]) -> int:
         fig["seconds_per_update_grpo"] = t_g
         fig["seconds_per_update_twice"] = t_t
         fig["time_ratio_twice_over_grpo"] = t_t / t_g
-        fig["time_ratio_target"] = 1 + base.twice.beta + 0.1
+        fig["time_ratio_target"] = 1 + twice_settings.beta + 0.1
         fig["dev_em_curves"] = evals
 
     print()

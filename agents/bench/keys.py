@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from twice_envs.agents.lab.runner import add_setting_args, text_setting_from_args
+from twice_envs.agents.lab.policies import add_setting_args, text_setting_from_args
 from twice_envs.agents.lab.text_lab import format_measurements, key_layout_rho, ngram_bias
 from twice_envs.trajectory import atomic_write_text
 

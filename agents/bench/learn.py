@@ -5,7 +5,7 @@ Every method starts from the same initial policy (:data:`LEARN_ENVS`: SearchToy'
 or TextLab's multi-line policy whose action logits are trained) and samples the same factual
 batches' noise seeds; after every update the policy's exact ``V(s0)`` is computed by dynamic
 programming, so a curve has no evaluation noise. Advantages come from
-:func:`~twice_envs.agents.rollout.twins.credit_step` (the project's estimators) with the lab's twin
+:func:`~twice_envs.agents.credit.registry.run_credit` (the registered methods) with the lab's twin
 runners; Twice and CRR spend the same auxiliary budget ``beta`` x policy tokens, VinePPO its ``K``
 rollouts per state. The update is the policy's own score-function gradient,
 ``theta += lr policy.policy_gradient(episodes, A)`` (for the tabular softmax
@@ -37,7 +37,7 @@ import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional, Sequence
 
@@ -48,22 +48,15 @@ from twice_envs.agents import stats as cs
 from twice_envs.agents.bench import tuning
 from twice_envs.agents.bench.output import stderr_log
 from twice_envs.agents.credit import twice
-from twice_envs.agents.credit.registry import check_env, factual_group_size
+from twice_envs.agents.credit.registry import CreditContext, check_env, factual_group_size, get_method, run_credit
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.plots import plot_bands
-from twice_envs.agents.lab.runner import (
-    add_setting_args,
-    lab_critic,
-    lab_policy,
-    lab_step_fns,
-    setting_from_args,
-    text_setting_from_args,
-)
+from twice_envs.agents.lab.policies import add_setting_args, lab_policy, setting_from_args, text_setting_from_args
+from twice_envs.agents.lab.runners import lab_critic, lab_step_fns
 from twice_envs.agents.lab.choice_lab import ChoiceLabSetting, choice_setting_from_args
 from twice_envs.agents.lab.search_toy import SearchToySetting
-from twice_envs.agents.lab.text_lab import TextLabSetting
-from twice_envs.agents.rollout.twins import credit_step
+from twice_envs.agents.lab.text_setting import TextLabSetting
 from twice_envs.trajectory import atomic_write_text
 
 #: The lab envs this bench trains on, each with the initial policy it builds from the bench's config
@@ -179,7 +172,9 @@ def train_one(method: str, seed: int, config: LearnConfig, *, lr: Optional[float
 def _train_one(method: str, seed: int, config: LearnConfig, step: float,
                twice_config: Optional[twice.TwiceConfig]) -> RunTrace:
     policy = LEARN_ENVS[config.env](config)
-    tcfg = replace(twice_config or twice.TwiceConfig(), beta=config.beta, warmup_updates=config.warmup_updates)
+    credit_method = get_method(method)
+    settings = credit_method.settings(twice_config, beta=config.beta, warmup_updates=config.warmup_updates,
+                                      per_state=config.vine_k)
     rng = np.random.default_rng([seed, 7])
     state = None
     values, aux, ptoks, accounted, warm, target, generated = [policy.value], [], [], [], [], [], []
@@ -187,9 +182,9 @@ def _train_one(method: str, seed: int, config: LearnConfig, step: float,
     critic = lab_critic(method, policy)  # one per run, carried across its updates (None: not needed)
     for u in range(config.updates):
         eps, envs = toy.toy_rollouts(policy, config.groups, group_size, noise_seed=seed * 100_003 + u)
-        res = credit_step(method, policy, eps, config=tcfg, sampling=None, rng=rng, update=u,
-                          noise_seed=seed * 100_003 + u, predictor_state=state, vine_k=config.vine_k, critic=critic,
-                          **lab_step_fns(envs))
+        ctx = CreditContext(policy=policy, rng=rng, update=u, noise_seed=seed * 100_003 + u, config=settings,
+                            predictor_state=state, critic=critic, runners=lab_step_fns(envs))
+        res = run_credit(credit_method, eps, ctx)
         state = res.predictor_state or state
         aux.append(res.aux_tokens)
         accounted.append(float(res.stats.get("aux_accounted", res.aux_tokens)))

@@ -11,8 +11,10 @@ import numpy as np
 
 from twice_envs.agents import stats as cs
 from twice_envs.agents.cli.rollout import model_help
-from twice_envs.agents.credit.ablations import ABLATIONS
+from twice_envs.agents.credit import settings
+from twice_envs.agents.credit.ablations import ABLATIONS, apply_ablations
 from twice_envs.agents.credit.registry import describe, methods
+from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.models.load import (
     env_model,
     load_policy,
@@ -35,12 +37,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def train_main(argv: Sequence[str]) -> int:
-    """``twice train --env ENV --model MODEL --method METHOD [--ablation ...]``."""
+    """``twice train --env ENV --model MODEL --method METHOD [--PREFIX.FIELD VALUE ...] [--ablation ...]``: the
+    method's settings come from its config class's flags (:mod:`~twice_envs.agents.credit.settings`)."""
     p = _parser("twice train")
     p.description = "Train an agent with a registered credit method (CPU defaults for the shipped models)."
     p.add_argument("--method", choices=methods(), default="twice", help="credit method: " + describe())
     p.add_argument("--ablation", action="append", default=[], choices=sorted(ABLATIONS),
-                   help="a Twice ablation (repeatable)")
+                   help="a Twice ablation (repeatable; for the methods that read Twice's settings)")
     p.add_argument("--updates", type=int, default=None)
     p.add_argument("--questions", type=int, default=None, help="tasks per update")
     p.add_argument("--group-size", type=int, default=None)
@@ -55,9 +58,11 @@ def train_main(argv: Sequence[str]) -> int:
                    help="dynamic sampling (DAPO): train on task groups whose returns differ, drawing further "
                         "batches of tasks (at most --max-sample-batches) until --questions such groups are kept")
     p.add_argument("--max-sample-batches", type=int, default=None, help=f"batches an update draws at most (default {cpu_config().max_sample_batches})")
-    p.add_argument("--beta", type=float, default=None, help="auxiliary budget (Twice/CRR)")
+    p.add_argument("--beta", type=float, default=None,
+                   help="auxiliary budget: the method's beta setting (short for --twice.beta)")
     p.add_argument("--warmup-updates", type=int, default=None,
-                   help="Twice's predictor warm-up: updates that branch every decision with q 0.3")
+                   help="Twice's predictor warm-up: updates that branch every decision with q 0.3 (short for "
+                        "--twice.warmup_updates)")
     p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--max-turns", type=int, default=None, help="turn cap per episode")
     p.add_argument("--window", type=int, default=None,
@@ -72,6 +77,7 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--env-kwargs", default="{}",
                    help="JSON kwargs for the env, over those a tiny model was trained with (e.g. show_admissible)")
     p.add_argument("--published", action="store_true", help="use the published settings even for the tiny model")
+    settings.add_flags(p)
     a = p.parse_args(argv)
     a.model, model_dir = env_model(a.model, a.env)
     base = cpu_config() if a.model in NAMED_MODELS and not a.published else published_config()
@@ -79,7 +85,11 @@ def train_main(argv: Sequence[str]) -> int:
     # tiny-alfworld 12), a windowed one to the env's limit (smol-alfworld: 50)
     played = play_settings(a.model, model_dir, a.env, base.max_turns)
     played["env_kwargs"] = {**played["env_kwargs"], **parse_env_kwargs(p, a.env_kwargs)}
-    over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "ablations": tuple(a.ablation),
+    try:
+        credit = method_settings(a)
+    except ValueError as exc:
+        p.error(str(exc))
+    over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "credit": credit,
                             "seed": a.seed, **played,
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
@@ -94,23 +104,35 @@ def train_main(argv: Sequence[str]) -> int:
         if getattr(a, name) is not None and getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     cfg = replace(base, **over)
-    if a.beta is not None:
-        cfg = replace(cfg, twice=replace(cfg.twice, beta=a.beta))
-    if a.warmup_updates is not None:
-        if a.warmup_updates < 0:
-            p.error("--warmup-updates must be >= 0")
-        cfg = replace(cfg, twice=replace(cfg.twice, warmup_updates=a.warmup_updates))
     if a.resume and a.overwrite:
         p.error("--resume and --overwrite exclude each other")
     train(cfg, policy=load_policy(cfg.model), resume=a.resume, overwrite=a.overwrite, progress=not a.no_progress)
     metrics = Path(cfg.out_dir) / "metrics.jsonl"
     budget = budget_summary(read_metrics(metrics)) if metrics.exists() else None
     if budget is not None:
-        print(format_budget(budget, cfg.twice.beta))
+        print(format_budget(budget, getattr(cfg.credit, "beta", float("nan"))))
     print(f"{cfg.method} trained at learning rate lr={cfg.lr:g}, not tuned (kept in config.json): another method's "
           "run at the same rate compares with it at one shared learning rate, which says nothing of either's best")
     print(f"metrics: {Path(cfg.out_dir) / 'metrics.jsonl'}\ncheckpoint: {Path(cfg.out_dir) / 'checkpoint'}")
     return 0
+
+
+def method_settings(a) -> Any:
+    """The chosen method's settings from ``--METHOD.FIELD`` flags (:mod:`~twice_envs.agents.credit.settings`),
+    then the ``--ablation``, ``--beta`` and ``--warmup-updates`` shorthands; a flag the method's settings
+    cannot take raises naming it."""
+    shorthands = {"beta": a.beta, "warmup_updates": a.warmup_updates}
+    given = {k: v for k, v in shorthands.items() if v is not None}
+    for key, value in given.items():
+        setattr(a, f"{settings.flag_prefix(TwiceConfig)}.{key}", value)  # the shorthands name Twice's settings
+    if a.warmup_updates is not None and a.warmup_updates < 0:
+        raise ValueError("--warmup-updates must be >= 0")
+    credit = settings.settings_from_flags(a.method, a)
+    if a.ablation:
+        if not isinstance(credit, TwiceConfig):
+            raise ValueError(f"--ablation changes Twice's settings, which --method {a.method} does not read")
+        credit = apply_ablations(credit, a.ablation)
+    return credit
 
 
 def budget_summary(rows: Sequence[dict], *, n_boot: int = 2000, seed: int = 0) -> Optional[dict]:

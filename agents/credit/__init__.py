@@ -1,6 +1,8 @@
 """Credit estimators: pure functions from episodes (and their twins) to per-turn advantages.
 
-* :mod:`.registry` -- the one registry of credit methods (:func:`~.registry.get_method`).
+* :mod:`.registry` -- the one registry of credit methods (:func:`~.registry.get_method`): needs, requests,
+  the two phases (:func:`~.registry.run_credit`).
+* :mod:`.settings` -- a method's settings class as ``twice train`` flags and as JSON.
 * :mod:`.grpo` -- group-normalised episode return broadcast to every turn.
 * :mod:`.gigpo` -- GiGPO: the episode term plus anchor-state step groups.
 * :mod:`.twice` -- twin credit: branch and evidence coins, inverse-probability weights.
@@ -18,8 +20,8 @@
 * :mod:`.exact` -- Exact A*: the credit lab's exact advantages themselves (a diagnostic).
 
 Importing this package registers the built-in methods, in this order. None of them
-touches a model or an env: auxiliary rollouts come through the caller's
-:class:`~.registry.CreditContext`.
+touches a model or an env: the auxiliary rollouts a method's plan asks for are run by the
+caller's engine (:class:`~.registry.Runners`).
 """
 
 # isort: skip_file
@@ -36,5 +38,6 @@ from twice_envs.agents.credit import at2po  # noqa: F401
 from twice_envs.agents.credit import allocation  # noqa: F401
 from twice_envs.agents.credit import exact  # noqa: F401
 from twice_envs.agents.credit.registry import (  # noqa: F401
-    CreditContext, CreditMethod, CreditResult, get_method, methods, register_credit,
+    CreditContext, CreditMethod, CreditResult, Request, Rollout, Runners, get_method, methods, register_credit,
+    run_credit,
 )

@@ -48,7 +48,7 @@ import numpy as np
 
 from twice_envs.agents.credit import predictor
 from twice_envs.agents.credit.grpo import episode_advantages
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, register_credit
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, Rollout, get_method, register_credit
 from twice_envs.agents.credit.tree import (
     Forest,
     TreeConfig,
@@ -107,7 +107,7 @@ def grown_step(forest: Forest, growth: dict, ctx: CreditContext) -> CreditResult
     """Credit a grown batch with ``A_traj`` over each task's episodes and Twice's twin terms; the grown
     episodes' tokens join the twins' as auxiliary tokens."""
     batch = forest.episodes
-    config = ctx.twice or TwiceConfig()
+    config = ctx.config or TwiceConfig()
     a_traj = episode_advantages([ep.utility for ep in batch], [ep.group for ep in batch])
     base = [np.full(len(ep.turns), a_traj[i] if config.trajectory_term else 0.0) for i, ep in enumerate(batch)]
     res = add_twin_terms(base, batch, ctx)
@@ -129,19 +129,21 @@ def _budget(roots: Sequence[EpisodeRecord], method: str) -> float:
 @register_credit("twice-tree", display="Twice + tree sampling", needs=("branches", "twins"), config=TwiceConfig,
                  benches=("learn",), roots=ROOT_SHARE, description="Twice on a batch drawn by tree sampling within "
                  "GRPO's factual tokens (fewer roots, Tree-GRPO's expansions)")
-def twice_tree_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Tree-GRPO's sampling within GRPO's tokens, then Twice's credit on every leaf."""
+def twice_tree_step(roots: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """Tree-GRPO's sampling within GRPO's tokens (in rounds, through ``ctx.run``), then Twice's credit on every
+    leaf (its twins run once the batch is grown)."""
     forest, growth = grow_trees(roots, ctx, TreeConfig(), _budget(roots, "twice-tree"), "twice-tree")
     return grown_step(forest, growth, ctx)
 
 
 @register_credit("twice-alloc", display="Twice + prefix allocation", needs=("branches", "twins"),
-                 config=AllocationConfig, benches=("learn",), roots=ROOT_SHARE,
+                 config=TwiceConfig, benches=("learn",), roots=ROOT_SHARE,
                  description="Twice on a batch whose factual rollouts beyond the roots go to the prompts and prefixes "
                  "with mixed predicted outcomes, within GRPO's tokens")
-def twice_alloc_step(roots: Sequence[EpisodeRecord], ctx: CreditContext,
+def twice_alloc_step(roots: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext,
                      config: AllocationConfig = AllocationConfig()) -> CreditResult:
-    """New episodes at the boundaries with mixed predicted success, within GRPO's tokens; Twice's credit on all."""
+    """New episodes at the boundaries with mixed predicted success, within GRPO's tokens (in rounds, through
+    ``ctx.run``); Twice's credit on all (the run's Twice settings; ``config``: the allocation's floor)."""
     budget = _budget(roots, "twice-alloc")
     state = ctx.predictor_state or predictor.PredictorState()
     index = [(i, t) for i, ep in enumerate(roots) for t in range(len(ep.turns))]

@@ -47,7 +47,14 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs.agents.credit.grpo import episode_advantages
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, register_credit
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    Request,
+    Rollout,
+    get_method,
+    register_credit,
+)
 from twice_envs.agents.credit.tree import Forest, expansion_budget, require_forkable
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 
@@ -188,8 +195,8 @@ def grow_tree(roots: Sequence[EpisodeRecord], ctx: CreditContext, config: AT2POC
             nodes.append(n)
             planned, spent = planned + cost, spent + cost  # planned until the paths come back
         if nodes:
-            grown = ctx.need("branches")(ctx.policy, forest.episodes, nodes, ctx.sampling,
-                                         noise_seed=ctx.noise_seed + 7919 * rounds)
+            grown = ctx.run(Request("branches", {"nodes": nodes, "noise_seed": ctx.noise_seed + 7919 * rounds}),
+                            forest.episodes)
             forest.add(grown, nodes)
         spent = sum(ep.num_generated_tokens for ep in forest.episodes[len(roots):])
         rounds += 1
@@ -253,6 +260,8 @@ def at2po_step(roots: Sequence[EpisodeRecord], ctx: CreditContext, *, method: st
 @register_credit("at2po", display="AT2PO", config=AT2POConfig, needs=("branches",), benches=("learn",),
                  roots=ROOT_SHARE, description="a tree grown within GRPO's tokens at its highest-entropy turns, "
                  "every turn credited with its node's value")
-def at2po_registered_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Entropy-guided expansions from fewer roots; each turn's advantage is its node's value."""
-    return at2po_step(roots, ctx, method="at2po")
+def at2po_registered_step(roots: Sequence[EpisodeRecord], rollouts: Sequence[Rollout],
+                          ctx: CreditContext) -> CreditResult:
+    """Entropy-guided expansions from fewer roots, grown in rounds through ``ctx.run``; each turn's advantage
+    is its node's value."""
+    return at2po_step(roots, ctx, method="at2po", config=ctx.config)

@@ -168,3 +168,19 @@ def twin_cost_sample(plan, records: Sequence, kept: Sequence[bool]) -> tuple[flo
         gen += rec.num_generated_tokens
         proxy += float(plan.costs[row_of[tuple(int(v) for v in rec.twin_of)]])
     return gen, proxy
+
+
+def budget_stats(twins, plan, config) -> dict:
+    """The budget's figures for one batch (``twins``: a :class:`~twice_envs.agents.rollout.twins.Twins`):
+    target, planned (``sum_t q_t E[cost_t]``), accounted (self-twins
+    charged their alternative turn, skipped twins in full: :func:`accounted_tokens`) and generated tokens,
+    the tokens the realised self-twins freed (accounted as if none were a self-twin, minus accounted) and
+    the plan's twin cost ratio."""
+    accounted = accounted_tokens(plan, config, twins.records)
+    full = float(np.dot(np.asarray(plan.branched, dtype=np.float64), plan.costs)) * plan.cost_ratio
+    return {"aux_target": float(plan.budget),
+            "aux_planned": float(np.dot(plan.q, plan.unit_costs(config))),
+            "aux_accounted": accounted,
+            "aux_generated": int(twins.aux_tokens),
+            "aux_self_freed": full * twins_per_decision(config) - accounted,
+            "twin_cost_ratio": float(plan.cost_ratio)}

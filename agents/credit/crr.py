@@ -30,6 +30,8 @@ from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.registry import (
     CreditContext,
     CreditResult,
+    Request,
+    Rollout,
     register_credit,
 )
 from twice_envs.agents.types import EpisodeRecord
@@ -69,28 +71,38 @@ def crr_advantages(
     return out
 
 
+def crr_plan(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """Uniform branch coins at Twice's expected cost, one independent counterfactual each."""
+    cfg = replace(crr_config(ctx.config), pairs=1, star=1)
+    return [twice.twins_request(twice.plan_branches(factual, cfg, None, ctx.rng, update=0), cfg, None)]
+
+
 @register_credit("crr", display="CRR", description="U - U' of one independent counterfactual replaces GRPO's "
                  "advantage at uniformly branched decisions", needs=("counterfactuals",), config=twice.TwiceConfig,
-                 benches=("learn", "games"), verl="twice_envs.integrations.verl.estimators:crr_advantages")
-def crr_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Uniform branch coins at Twice's expected cost, one independent counterfactual each."""
-    cfg = replace(crr_config(ctx.twice), pairs=1, star=1)
-    plan = twice.plan_branches(factual, cfg, None, ctx.rng, update=0)
-    cf = ctx.need("twins")(ctx.policy, factual, plan.branched_decisions, cfg, ctx.sampling, ctx.rng,
-                           noise_seed=ctx.noise_seed)
+                 benches=("learn", "games"), plan=crr_plan)
+def crr_step(factual: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """``U - U'`` at the branched decisions, GRPO's ``A_traj`` elsewhere (:func:`crr_advantages`)."""
+    cf, memo = rollouts[0].result, rollouts[0].request.memo
+    plan = memo.plan
     stats = {"branched_share": float(np.mean(plan.branched)) if len(plan.branched) else float("nan"),
              "mean_q": float(np.mean(plan.q)) if len(plan.q) else float("nan"),
-             **twice.budget_stats(cf, plan, cfg)}
+             **twice.budget_stats(cf, plan, memo.config)}
     return CreditResult(crr_advantages(factual, cf.records), cf.aux_tokens, stats)
+
+
+def crr_added_plan(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """CRR's uniform branch coins and independent counterfactuals, with Twice's ``J K`` per decision."""
+    cfg = crr_config(ctx.config)
+    plan = twice.plan_branches(factual, cfg, None, ctx.rng, update=0)
+    return [twice.twins_request(plan, cfg, ctx.predictor_state or predictor.PredictorState())]
 
 
 @register_credit("crr-added", display="CRR (added)", description="ablation: independent counterfactuals, uniform "
                  "branching, inverse-weighted and added to GRPO's term as Twice's are", needs=("counterfactuals",),
-                 config=twice.TwiceConfig)
-def crr_added_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+                 config=twice.TwiceConfig, plan=crr_added_plan)
+def crr_added_step(factual: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
     """Twice's combination with CRR's sampling: ``A_traj + omega B (U - U') / (q sigma_hat)``."""
-    state = ctx.predictor_state or predictor.PredictorState()
-    cfg = crr_config(ctx.twice)
-    plan = twice.plan_branches(factual, cfg, None, ctx.rng, update=0)
-    tw, credit, scale, stats, state = twice.run_planned_twins(ctx, factual, plan, cfg, state)
-    return CreditResult(twice.combine(factual, plan.index, credit.a_hat, cfg, scale), tw.aux_tokens, stats, state)
+    memo = rollouts[0].request.memo
+    tw, credit, scale, stats, state = twice.score_twins(factual, rollouts[0])
+    return CreditResult(twice.combine(factual, memo.plan.index, credit.a_hat, memo.config, scale), tw.aux_tokens,
+                        stats, state)

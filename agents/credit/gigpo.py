@@ -34,6 +34,7 @@ import numpy as np
 from twice_envs.agents.credit.registry import (
     CreditContext,
     CreditResult,
+    Rollout,
     register_credit,
 )
 from twice_envs.agents.types import EpisodeRecord
@@ -55,6 +56,10 @@ class GiGPOConfig:
     """Added to the std in ``mean_std_norm`` mode."""
     invalid_penalty: float = 0.1
     """Subtracted from the reward of each invalid turn (0 turns the penalty off)."""
+    reference: bool = True
+    """Train with the reference scripts' mode and invalid penalty on the envs they name
+    (:data:`REFERENCE_SETTINGS`: ALFWorld, WebShop, SearchQA); False: ``mode`` and ``invalid_penalty``
+    as given on every env."""
 
 
 #: ``env id -> (mode, invalid_penalty)`` as the reference implementation's scripts train each env.
@@ -66,8 +71,9 @@ REFERENCE_SETTINGS: dict[str, tuple[str, float]] = {
 
 
 def config_for(env_id: str, base: GiGPOConfig = GiGPOConfig()) -> GiGPOConfig:
-    """``base`` with the reference scripts' mode and penalty for ``env_id`` (unchanged for other envs)."""
-    if env_id not in REFERENCE_SETTINGS:
+    """``base`` with the reference scripts' mode and penalty for ``env_id`` (unchanged for other envs, and
+    when ``base.reference`` is False)."""
+    if env_id not in REFERENCE_SETTINGS or not base.reference:
         return base
     mode, penalty = REFERENCE_SETTINGS[env_id]
     return replace(base, mode=mode, invalid_penalty=penalty)
@@ -181,9 +187,10 @@ def penalty_term(episodes: Sequence[EpisodeRecord], config: GiGPOConfig = GiGPOC
 
 
 @register_credit("gigpo", display="GiGPO", description="episode term plus anchor-state step groups",
-                 needs=("anchor_groups",), config=GiGPOConfig, benches=("games",),
-                 verl="twice_envs.integrations.verl.estimators:gigpo_advantages")
-def gigpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """GiGPO with the reference settings of the episodes' env (:func:`config_for`); its step groups
-    come from the episodes' own observations."""
-    return CreditResult(gigpo_credit(episodes, config_for(episodes[0].env_id) if episodes else GiGPOConfig()))
+                 needs=("anchor_groups",), config=GiGPOConfig, benches=("games",))
+def gigpo_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """GiGPO with the run's settings (``ctx.config``, default :class:`GiGPOConfig`), the mode and penalty
+    those of the reference scripts for the episodes' env where they name it (:func:`config_for`); its step
+    groups come from the episodes' own observations."""
+    base = ctx.config or GiGPOConfig()
+    return CreditResult(gigpo_credit(episodes, config_for(episodes[0].env_id, base) if episodes else base))

@@ -18,6 +18,7 @@ import numpy as np
 from twice_envs.agents.credit.registry import (
     CreditContext,
     CreditResult,
+    Rollout,
     register_credit,
 )
 from twice_envs.agents.types import EpisodeRecord
@@ -61,13 +62,13 @@ def grpo_credit(episodes: Sequence[EpisodeRecord], *, normalize: bool = True) ->
 
 
 @register_credit("grpo", display="GRPO", description="group-normalised episode return", benches=("learn", "games"))
-def grpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+def grpo_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
     """GRPO needs nothing besides the episodes."""
     return CreditResult(grpo_credit(episodes))
 
 
 @register_credit("grpo-2x", display="GRPO (2x)", rollouts=2, benches=("learn", "games"),
                  description="group-normalised episode return over twice the group size (2G factual rollouts)")
-def grpo_2x_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+def grpo_2x_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
     """GRPO's step; the callers hand it ``2 G`` episodes per task (its ``rollouts`` is 2)."""
     return CreditResult(grpo_credit(episodes))

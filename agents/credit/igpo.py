@@ -53,8 +53,8 @@ from typing import Sequence
 import numpy as np
 
 from twice_envs.agents.credit.gigpo import discounted_returns
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, register_credit
-from twice_envs.agents.credit.twice import add_twin_terms
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, Request, Rollout, register_credit
+from twice_envs.agents.credit.twice import TwiceConfig, add_twin_terms, plan_twin_terms
 from twice_envs.agents.types import EpisodeRecord
 
 
@@ -125,22 +125,34 @@ def _stats(episodes: Sequence[EpisodeRecord], probs: Sequence[Sequence[float]]) 
             "info_gain_abs_mean": float(np.abs(flat).mean()) if flat.size else float("nan")}
 
 
-@register_credit("igpo", display="IGPO", needs=("gold_answer",), config=IGPOConfig, benches=("learn",),
-                 description="information-gain turn rewards (the policy's probability of the gold answer) plus the "
-                             "outcome, group-normalised and summed over later turns")
-def igpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """IGPO with :class:`IGPOConfig`'s defaults; the answer probabilities come from the context."""
-    probs = ctx.need("answer_probs")(ctx.policy, episodes)
-    return CreditResult(igpo_credit(episodes, probs), stats=_stats(episodes, probs))
+def igpo_plan(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """The gold answer's probabilities under the policy."""
+    return [Request("answer_probs")]
 
 
-@register_credit("twice-igpo", display="Twice + IGPO", needs=("gold_answer", "twins"), config=IGPOConfig,
-                 benches=("learn",),
+@register_credit("igpo", display="IGPO", needs=("answer_probs",), config=IGPOConfig, benches=("learn",),
+                 plan=igpo_plan, description="information-gain turn rewards (the policy's probability of the gold "
+                 "answer) plus the outcome, group-normalised and summed over later turns")
+def igpo_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """IGPO with the run's :class:`IGPOConfig`; the answer probabilities come from the plan's request."""
+    probs = rollouts[0].result
+    return CreditResult(igpo_credit(episodes, probs, ctx.config or IGPOConfig()), stats=_stats(episodes, probs))
+
+
+def twice_igpo_plan(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """The gold answer's probabilities, then Twice's twins (:func:`~twice_envs.agents.credit.twice.plan_twin_terms`)."""
+    return [Request("answer_probs"), plan_twin_terms(episodes, ctx)]
+
+
+@register_credit("twice-igpo", display="Twice + IGPO", needs=("answer_probs", "twins"), config=TwiceConfig,
+                 benches=("learn",), plan=twice_igpo_plan,
                  description="IGPO's advantage plus Twice's twin terms (coupled twins, budget rule)")
-def twice_igpo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """IGPO's advantage plus the twin terms of :func:`~twice_envs.agents.credit.twice.add_twin_terms`
-    (its predictor state is kept in the result)."""
-    probs = ctx.need("answer_probs")(ctx.policy, episodes)
-    res = add_twin_terms(igpo_credit(episodes, probs), episodes, ctx)
+def twice_igpo_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout],
+                    ctx: CreditContext) -> CreditResult:
+    """IGPO's advantage (:class:`IGPOConfig`'s defaults) plus the twin terms of
+    :func:`~twice_envs.agents.credit.twice.add_twin_terms` (settings: the run's Twice settings; its
+    predictor state is kept in the result)."""
+    probs = rollouts[0].result
+    res = add_twin_terms(igpo_credit(episodes, probs), episodes, ctx, rollouts[1])
     res.stats.update(_stats(episodes, probs))
     return res

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from twice_envs.agents.credit import twice
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, register_credit
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, Request, Rollout, register_credit
 from twice_envs.agents.credit.vineppo import whiten
 from twice_envs.agents.types import EpisodeRecord
 
@@ -129,17 +129,24 @@ def ppo_advantages(episodes: Sequence[EpisodeRecord], critic,
 
 @register_credit("ppo", display="PPO", description="GAE (gamma = lambda = 1) on a learned critic, whitened",
                  needs=("critic",), config=PPOConfig, benches=("learn",))
-def ppo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """:func:`ppo_advantages` with the caller's critic (``ctx.need("critic")``)."""
-    adv, stats = ppo_advantages(episodes, ctx.need("critic"))
+def ppo_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """:func:`ppo_advantages` with the caller's critic (``ctx.need("critic")``) and the run's :class:`PPOConfig`."""
+    adv, stats = ppo_advantages(episodes, ctx.need("critic"), ctx.config or PPOConfig())
     return CreditResult(adv, 0, stats)
 
 
-@register_credit("ppo-twice", display="PPO + twin credit", needs=("critic", "twins"), config=PPOConfig,
-                 benches=("learn",), description="PPO's whitened GAE advantage plus Twice's twin terms")
-def ppo_twice_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """:func:`ppo_advantages` plus the twin terms of branched turns; carries Twice's predictor state."""
+def ppo_twice_plan(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """Twice's twins (:func:`~twice_envs.agents.credit.twice.plan_twin_terms`)."""
+    return [twice.plan_twin_terms(episodes, ctx)]
+
+
+@register_credit("ppo-twice", display="PPO + twin credit", needs=("critic", "twins"), config=twice.TwiceConfig,
+                 benches=("learn",), plan=ppo_twice_plan,
+                 description="PPO's whitened GAE advantage plus Twice's twin terms")
+def ppo_twice_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """:func:`ppo_advantages` (:class:`PPOConfig`'s defaults) plus the twin terms of branched turns (the run's
+    Twice settings); carries Twice's predictor state."""
     base, stats = ppo_advantages(episodes, ctx.need("critic"))
-    res = twice.add_twin_terms(base, episodes, ctx)
+    res = twice.add_twin_terms(base, episodes, ctx, rollouts[0])
     res.stats.update(stats)
     return res

@@ -306,3 +306,23 @@ def auc(scores: Sequence[float], labels: Sequence[float]) -> float:
     r = np.empty(len(allv))
     r[order] = ranks
     return float((r[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))
+
+
+def fit_predictor(state: PredictorState, factual: Sequence[EpisodeRecord], plan, X: np.ndarray, eta: np.ndarray,
+                  credit, config, rng: np.random.Generator) -> tuple[PredictorState, dict]:
+    """Fit the discordance predictor on a batch's realised twins (each kept twin weighted by
+    ``1 / (q q_same^e)``, its label ``U != U'``); returns the new state and its diagnostics. ``plan``, ``credit``
+    and ``config``: Twice's branch plan, twin credit and settings (:mod:`~twice_envs.agents.credit.twice`)."""
+    rows, labels, weights = [], [], []
+    for (r, u, v, e, kept) in credit.pairs:
+        if kept:
+            rows.append(r)
+            labels.append(float(u != v))
+            weights.append(1.0 / (plan.q[r] * config.q_same**e))
+    stats = {"predictor_auc": auc(eta[rows], labels) if rows else float("nan"),
+             "discordance": float(np.mean(labels)) if labels else float("nan")}
+    if rows:
+        state = sgd_update(state, X[rows], np.array(labels), np.array(weights), rng)
+    if config.branching == "mixed":
+        state = fit_success(state, factual, rng)
+    return state, stats

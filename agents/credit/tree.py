@@ -55,7 +55,14 @@ import numpy as np
 
 from twice_envs.agents.credit.grpo import broadcast, episode_advantages
 from twice_envs.agents.credit.predictor import self_twin_probability
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, register_credit
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditResult,
+    Request,
+    Rollout,
+    get_method,
+    register_credit,
+)
 from twice_envs.agents.credit.twice import TwiceConfig, policy_tokens
 from twice_envs.agents.types import EpisodeRecord
 
@@ -168,11 +175,9 @@ def grow(ctx: CreditContext, roots: Sequence[EpisodeRecord], nodes: Sequence[tup
     ``branches`` runner, the round's own seeds) or coupled siblings (the ``twins`` runner, branch 1 of a
     node never expanded before). Returns ``(paths, tokens generated, self-sibling flags)``."""
     if not coupled:
-        paths = ctx.need("branches")(ctx.policy, roots, list(nodes), ctx.sampling,
-                                     noise_seed=ctx.noise_seed + 7919 * rnd)
+        paths = ctx.run(Request("branches", {"nodes": list(nodes), "noise_seed": ctx.noise_seed + 7919 * rnd}), roots)
         return list(paths), sum(ep.num_generated_tokens for ep in paths), [False] * len(paths)
-    out = ctx.need("twins")(ctx.policy, roots, list(nodes), sibling_config(ctx.twice, 1), ctx.sampling, ctx.rng,
-                            noise_seed=ctx.noise_seed)
+    out = ctx.run(Request("twins", {"decisions": list(nodes), "config": sibling_config(None, 1)}), roots)
     by_node = {tuple(int(v) for v in rec.twin_of): rec for rec in out.records}
     recs = [by_node[(int(i), int(t))] for i, t in nodes]
     return [sibling_leaf(roots[i], r) for (i, _), r in zip(nodes, recs)], int(out.aux_tokens), \
@@ -284,14 +289,15 @@ def tree_step(roots: Sequence[EpisodeRecord], ctx: CreditContext, *, method: str
 @register_credit("tree-grpo", display="Tree-GRPO", config=TreeConfig, needs=("branches",), benches=("learn",),
                  roots=ROOT_SHARE, description="trees grown within GRPO's tokens from fewer roots, every leaf "
                  "trained with its intra-tree plus inter-tree normalised outcome")
-def tree_grpo_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Independent expansions (fresh noise from the node on)."""
-    return tree_step(roots, ctx, method="tree-grpo", coupled=False)
+def tree_grpo_step(roots: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """Independent expansions (fresh noise from the node on), grown in rounds through ``ctx.run``."""
+    return tree_step(roots, ctx, method="tree-grpo", coupled=False, config=ctx.config)
 
 
 @register_credit("tree-grpo-coupled", display="Tree-GRPO + coupled siblings", config=TreeConfig, needs=("twins",),
                  benches=("learn",), roots=ROOT_SHARE, description="Tree-GRPO whose expansions continue on their "
                  "chain's downstream noise (coupled siblings, at no extra tokens)")
-def tree_grpo_coupled_step(roots: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Coupled expansions (a fresh turn on branch k, then the chain's downstream noise)."""
-    return tree_step(roots, ctx, method="tree-grpo-coupled", coupled=True)
+def tree_grpo_coupled_step(roots: Sequence[EpisodeRecord], rollouts: Sequence[Rollout],
+                           ctx: CreditContext) -> CreditResult:
+    """Coupled expansions (a fresh turn on branch k, then the chain's downstream noise), grown in rounds."""
+    return tree_step(roots, ctx, method="tree-grpo-coupled", coupled=True, config=ctx.config)

@@ -50,6 +50,7 @@ from twice_envs.agents.credit import predictor
 from twice_envs.agents.credit.budget import (  # noqa: F401  (the costs are part of Twice's interface)
     accounted_tokens,
     branch_costs,
+    budget_stats,
     expected_twin_costs,
     turn_costs,
     twins_per_decision,
@@ -61,10 +62,12 @@ from twice_envs.agents.credit.diagnostics import (  # noqa: F401  (the diagnosti
     within_decision_rho,
 )
 from twice_envs.agents.credit.grpo import episode_advantages
-from twice_envs.agents.credit.predictor import decision_index
+from twice_envs.agents.credit.predictor import decision_index, fit_predictor  # noqa: F401  (part of Twice's interface)
 from twice_envs.agents.credit.registry import (
     CreditContext,
     CreditResult,
+    Request,
+    Rollout,
     register_credit,
 )
 from twice_envs.agents.types import EpisodeRecord
@@ -386,49 +389,41 @@ def plan_batch(factual: Sequence[EpisodeRecord], config: TwiceConfig, state: "pr
     return plan, X, eta
 
 
-def fit_predictor(state: "predictor.PredictorState", factual: Sequence[EpisodeRecord], plan: BranchPlan,
-                  X: np.ndarray, eta: np.ndarray, credit: TwinCredit, config: TwiceConfig,
-                  rng: np.random.Generator) -> tuple["predictor.PredictorState", dict]:
-    """Fit the discordance predictor on a batch's realised twins (each kept twin weighted by
-    ``1 / (q q_same^e)``, its label ``U != U'``); returns the new state and its diagnostics."""
-    rows, labels, weights = [], [], []
-    for (r, u, v, e, kept) in credit.pairs:
-        if kept:
-            rows.append(r)
-            labels.append(float(u != v))
-            weights.append(1.0 / (plan.q[r] * config.q_same**e))
-    stats = {"predictor_auc": predictor.auc(eta[rows], labels) if rows else float("nan"),
-             "discordance": float(np.mean(labels)) if labels else float("nan")}
-    if rows:
-        state = predictor.sgd_update(state, X[rows], np.array(labels), np.array(weights), rng)
-    if config.branching == "mixed":
-        state = predictor.fit_success(state, factual, rng)
-    return state, stats
+@dataclass
+class TwinPlan:
+    """The plan phase of the twin terms (a twins request's memo).
+
+    Attributes:
+        plan: the batch's branch plan.
+        config: the twin settings it was planned with.
+        state: the predictor state it was planned with.
+        features, eta: the predictor's features and predictions of every decision (None: the predictor is
+            not fitted on these twins).
+    """
+
+    plan: BranchPlan
+    config: TwiceConfig
+    state: "predictor.PredictorState"
+    features: Optional[np.ndarray] = None
+    eta: Optional[np.ndarray] = None
 
 
-def budget_stats(twins, plan: BranchPlan, config: TwiceConfig) -> dict:
-    """The budget's figures for one batch: target, planned (``sum_t q_t E[cost_t]``), accounted (self-twins
-    charged their alternative turn, skipped twins in full: :func:`accounted_tokens`) and generated tokens,
-    the tokens the realised self-twins freed (accounted as if none were a self-twin, minus accounted) and
-    the plan's twin cost ratio."""
-    accounted = accounted_tokens(plan, config, twins.records)
-    full = float(np.dot(np.asarray(plan.branched, dtype=np.float64), plan.costs)) * plan.cost_ratio
-    return {"aux_target": float(plan.budget),
-            "aux_planned": float(np.dot(plan.q, plan.unit_costs(config))),
-            "aux_accounted": accounted,
-            "aux_generated": int(twins.aux_tokens),
-            "aux_self_freed": full * twins_per_decision(config) - accounted,
-            "twin_cost_ratio": float(plan.cost_ratio)}
+def twins_request(plan: BranchPlan, config: TwiceConfig, state: "predictor.PredictorState",
+                  features: Optional[np.ndarray] = None, eta: Optional[np.ndarray] = None) -> Request:
+    """The request for a branch plan's twins: coupled twins, or independent counterfactuals when
+    ``config.coupled`` is False."""
+    return Request("twins" if config.coupled else "counterfactuals",
+                   {"decisions": plan.branched_decisions, "config": config},
+                   memo=TwinPlan(plan, config, state, features, eta))
 
 
-def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan: BranchPlan, config: TwiceConfig,
-                      state: "predictor.PredictorState"):
-    """Run the twins of a branch plan through ``ctx`` and score them.
+def score_twins(factual: Sequence[EpisodeRecord], rollout: Rollout):
+    """Score the twins of a planned request (:func:`twins_request`).
 
     Returns ``(twins, credit, scale, stats, state)``, with the budget's figures in ``stats``
     and the twin scale, the twin cost ratio (and the cost calibration of the ablation) tracked in ``state``."""
-    tw = ctx.need("twins")(ctx.policy, factual, plan.branched_decisions, config, ctx.sampling, ctx.rng,
-                           noise_seed=ctx.noise_seed)
+    tw, memo = rollout.result, rollout.request.memo
+    plan, config, state = memo.plan, memo.config, memo.state
     credit = twin_credit(factual, tw.records, plan, tw.kept, config)
     # the scale comes from earlier updates (running) or this batch's utilities, never its coins
     scale = twin_scale([ep.utility for ep in factual], config, state.twin_rms)
@@ -442,16 +437,22 @@ def run_planned_twins(ctx: CreditContext, factual: Sequence[EpisodeRecord], plan
     return tw, credit, scale, stats, state
 
 
-def twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """Twin credit alone: plan the batch's branches (square-root rule), run the twins and fit the
-    predictor; the result's advantages hold each turn's twin term ``omega A_hat_t / sigma_hat`` (0 at
-    turns not branched). Twice adds it to GRPO's ``A_traj``; compositions add it to their own advantage
-    (:func:`add_twin_terms`)."""
-    config = ctx.twice or TwiceConfig()
+def plan_twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> Request:
+    """The plan phase of the twin terms: the batch's branches (square-root rule, the predictor carried in
+    ``ctx.predictor_state``, the settings ``ctx.config``), as a twins request."""
+    config = ctx.config or TwiceConfig()
     state = ctx.predictor_state or predictor.PredictorState()
     plan, X, eta = plan_batch(factual, config, state, ctx.rng, update=ctx.update)
-    tw, credit, scale, stats, state = run_planned_twins(ctx, factual, plan, config, state)
-    new_state, fit = fit_predictor(state, factual, plan, X, eta, credit, config, ctx.rng)
+    return twins_request(plan, config, state, X, eta)
+
+
+def twin_terms_credit(factual: Sequence[EpisodeRecord], rollout: Rollout, ctx: CreditContext) -> CreditResult:
+    """The credit phase of the twin terms: score the twins and fit the predictor; the result's advantages
+    hold each turn's twin term ``omega A_hat_t / sigma_hat`` (0 at turns not branched)."""
+    memo = rollout.request.memo
+    plan, config = memo.plan, memo.config
+    tw, credit, scale, stats, state = score_twins(factual, rollout)
+    new_state, fit = fit_predictor(state, factual, plan, memo.features, memo.eta, credit, config, ctx.rng)
     stats.update(fit)
     stats["warmup"] = ctx.update < config.warmup_updates  # q fixed at warmup_q: not planned to the budget
     # each decision's coins and twin credit, for the records (not a metric)
@@ -461,19 +462,33 @@ def twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditRe
     return CreditResult(terms, tw.aux_tokens, stats, new_state)
 
 
-def add_twin_terms(base: Sequence[np.ndarray], factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """``base`` (one array of per-turn advantages per episode) plus the twin terms of :func:`twin_terms`."""
-    res = twin_terms(factual, ctx)
+def twin_terms(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
+    """Twin credit alone, both phases now: plan the batch's branches, run the twins through ``ctx``'s
+    engine and fit the predictor (:func:`plan_twin_terms`, :func:`twin_terms_credit`). Twice adds it to
+    GRPO's ``A_traj``; compositions add it to their own advantage (:func:`add_twin_terms`)."""
+    request = plan_twin_terms(factual, ctx)
+    return twin_terms_credit(factual, Rollout(request, ctx.run(request, factual)), ctx)
+
+
+def add_twin_terms(base: Sequence[np.ndarray], factual: Sequence[EpisodeRecord], ctx: CreditContext,
+                   rollout: Optional[Rollout] = None) -> CreditResult:
+    """``base`` (one array of per-turn advantages per episode) plus the twin terms: of ``rollout`` (a planned
+    twins request, :func:`plan_twin_terms`) or, without one, of :func:`twin_terms` run now."""
+    res = twin_terms(factual, ctx) if rollout is None else twin_terms_credit(factual, rollout, ctx)
     res.advantages = [np.asarray(b, dtype=np.float64) + t for b, t in zip(base, res.advantages)]
     return res
 
 
+def twice_plan(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """Twice's plan: the batch's twins (:func:`plan_twin_terms`)."""
+    return [plan_twin_terms(factual, ctx)]
+
+
 @register_credit("twice", display="Twice", description="twin credit on GRPO's term (coupled twins, budget rule)",
-                 needs=("twins",), config=TwiceConfig, benches=("learn", "games"),
-                 verl="twice_envs.integrations.verl.estimators:twin_advantages")
-def twice_step(factual: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """``A_traj + omega A_hat_t / sigma_hat``: GRPO's group term plus the twin terms (:func:`twin_terms`)."""
-    config = ctx.twice or TwiceConfig()
+                 needs=("twins",), config=TwiceConfig, benches=("learn", "games"), plan=twice_plan)
+def twice_step(factual: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """``A_traj + omega A_hat_t / sigma_hat``: GRPO's group term plus the twin terms (:func:`twin_terms_credit`)."""
+    config = ctx.config or TwiceConfig()
     a_traj = episode_advantages([ep.utility for ep in factual], [ep.group for ep in factual])
     base = [np.full(len(ep.turns), a_traj[i] if config.trajectory_term else 0.0) for i, ep in enumerate(factual)]
-    return add_twin_terms(base, factual, ctx)
+    return add_twin_terms(base, factual, ctx, rollouts[0])

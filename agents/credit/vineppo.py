@@ -14,6 +14,7 @@ in utility units (the audit scores both).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -21,12 +22,26 @@ import numpy as np
 from twice_envs.agents.credit.registry import (
     CreditContext,
     CreditResult,
+    Request,
+    Rollout,
     register_credit,
 )
 from twice_envs.agents.types import EpisodeRecord
 
 #: Published rollouts per state.
 K_ROLLOUTS = 2
+
+
+@dataclass(frozen=True)
+class VineConfig:
+    """VinePPO's settings."""
+
+    per_state: int = K_ROLLOUTS
+    """Value rollouts per state K (published: 2)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.per_state, bool) or not isinstance(self.per_state, int) or self.per_state < 1:
+            raise ValueError(f"vineppo per_state must be an integer >= 1, got {self.per_state!r}")
 
 
 def value_states(episodes: Sequence[EpisodeRecord]) -> list[tuple[int, int]]:
@@ -74,9 +89,14 @@ def whiten(advantages: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [(np.asarray(a, dtype=np.float64) - mu) / (sd + WHITEN_EPS) for a in advantages]
 
 
+def vineppo_plan(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> list[Request]:
+    """``per_state`` value rollouts from every turn boundary."""
+    return [Request("values", {"k": (ctx.config or VineConfig()).per_state})]
+
+
 @register_credit("vineppo", display="VinePPO", description="Monte Carlo values from forks",
-                 needs=("value_rollouts",), benches=("learn",))
-def vineppo_step(episodes: Sequence[EpisodeRecord], ctx: CreditContext) -> CreditResult:
-    """``ctx.vine_k`` value rollouts from every turn boundary, then :func:`vine_credit`, whitened."""
-    vals = ctx.need("values")(ctx.policy, episodes, ctx.sampling, k=ctx.vine_k, noise_seed=ctx.noise_seed)
+                 needs=("values",), config=VineConfig, benches=("learn",), plan=vineppo_plan)
+def vineppo_step(episodes: Sequence[EpisodeRecord], rollouts: Sequence[Rollout], ctx: CreditContext) -> CreditResult:
+    """:func:`vine_credit` from the value rollouts, whitened."""
+    vals = rollouts[0].result
     return CreditResult(whiten(vine_credit(episodes, vals.records)), vals.aux_tokens)

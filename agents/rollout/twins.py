@@ -1,9 +1,9 @@
-"""Running the auxiliary rollouts each estimator needs, and turning them into advantages.
+"""Running the auxiliary rollouts each credit method asks for with an LLM policy (:func:`llm_runners`).
 
-The estimators in :mod:`twice_envs.agents.credit` are pure functions; this module runs
+The methods in :mod:`twice_envs.agents.credit` are pure functions; this module runs
 the policy for them: it asks :mod:`twice_envs.agents.rollout.episodes` for twins,
-counterfactuals or value rollouts, counts the auxiliary tokens they cost, and hands
-the records to the estimators.
+counterfactuals, value rollouts or further factual branches and counts the auxiliary tokens
+they cost (:class:`~twice_envs.agents.credit.registry.Runners`).
 
 Twice's evidence coin needs the alternative turn's observation *before* deciding
 whether to continue the twin, so twins are run in two phases
@@ -20,8 +20,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit import predictor, twice, vineppo
-from twice_envs.agents.credit.registry import CreditContext, CreditResult, get_method, methods
+from twice_envs.agents.credit import twice, vineppo
+from twice_envs.agents.credit.registry import CreditContext, CreditResult, Runners, get_method, methods
 from twice_envs.agents.rollout.episodes import (
     BranchRequest,
     branch_rollouts,
@@ -171,69 +171,12 @@ def run_branches(policy, factual: Sequence[EpisodeRecord], nodes: Sequence[tuple
     return [factual[int(r.twin_of[0])].grow(r) for r in recs]
 
 
-def credit_step(
-    method: str,
-    policy,
-    factual: Sequence[EpisodeRecord],
-    *,
-    config: twice.TwiceConfig,
-    sampling,
-    rng: np.random.Generator,
-    update: int,
-    noise_seed: int,
-    predictor_state: Optional[predictor.PredictorState] = None,
-    vine_k: int = vineppo.K_ROLLOUTS,
-    twins_fn=None,
-    values_fn=None,
-    critic=None,
-    answer_probs_fn=None,
-    branches_fn=None,
-    records: Optional[list] = None,
-    exact_advantages_fn=None,
-) -> CreditResult:
-    """The per-turn advantages of ``factual`` under the registered credit method ``method``.
-
-    The method's auxiliary rollouts run through :func:`run_twins` and
-    :func:`run_value_rollouts`, further factual episodes through :func:`run_branches` (an LLM
-    policy); ``twins_fn`` / ``values_fn`` / ``branches_fn`` replace them
-    (same signatures) for policies that are not LLMs (the credit lab's). ``critic`` and
-    ``answer_probs_fn`` are the caller's critic and gold-answer probabilities, and ``exact_advantages_fn``
-    the credit lab's exact advantages, for the methods that need them
-    (:class:`~twice_envs.agents.credit.registry.CreditContext`).
-
-    ``records``: a list that receives the step's twin records (each with its evidence coin); with it,
-    the factual records are annotated too (:func:`annotate_credit`), so that saved episodes carry
-    their credit and coins."""
-    twins_runner = twins_fn or run_twins
-    if records is not None:
-        twins_runner = _keeping(twins_runner, records)
-    ctx = CreditContext(policy=policy, sampling=sampling, rng=rng, update=update, noise_seed=noise_seed, twice=config,
-                        vine_k=vine_k, predictor_state=predictor_state, run_twins=twins_runner,
-                        run_values=values_fn or run_value_rollouts, critic=critic, answer_probs=answer_probs_fn,
-                        run_branches=branches_fn or run_branches, exact_advantages=exact_advantages_fn)
-    res = get_method(method)(factual, ctx)
-    batch = factual if res.episodes is None else res.episodes
-    if [len(a) for a in res.advantages] != [len(ep.turns) for ep in batch]:
-        raise ValueError(f"credit method {method!r} returned advantages that do not match its batch: one array "
-                         "per episode (of CreditResult.episodes when it grew the batch), one entry per turn")
-    if records is not None:
-        annotate_credit(method, batch, res)
-    return res
-
-
-def _keeping(runner, records: list):
-    """``runner`` (a twins runner) that also appends its twin records to ``records``, each with its
-    evidence coin ``S`` (None for a self-twin, which draws none)."""
-
-    def run(*args, **kwargs) -> Twins:
-        out = runner(*args, **kwargs)
-        for rec, kept in zip(out.records, out.kept):
-            if rec.evidence_coin is None and not rec.self_twin:
-                rec.evidence_coin = bool(kept)
-        records.extend(out.records)
-        return out
-
-    return run
+def llm_runners(answer_probs=None) -> Runners:
+    """The engine of an LLM policy: :func:`run_twins`, :func:`run_value_rollouts` and :func:`run_branches`
+    (``answer_probs``: the gold answer's probabilities, :func:`~twice_envs.agents.training.gold_answer.answer_probs`,
+    for the methods that need them). Bind it once per run and hand it to every update's
+    :class:`~twice_envs.agents.credit.registry.CreditContext`."""
+    return Runners(twins=run_twins, values=run_value_rollouts, branches=run_branches, answer_probs=answer_probs)
 
 
 #: The baseline every saved credit is shown beside.

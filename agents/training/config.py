@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
+from twice_envs.agents.credit import settings
 from twice_envs.agents.credit.ablations import apply_ablations
+from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.credit.vineppo import VineConfig
 from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.errors import DataFormatError
 
@@ -31,8 +34,9 @@ class TrainConfig:
     """``tiny``, ``smollm2-135m`` or a local Hugging Face model directory."""
     method: str = "twice"
     """Credit method: a name in :mod:`twice_envs.agents.credit.registry`."""
-    ablations: tuple[str, ...] = ()
-    """Twice ablation flags (see :mod:`twice_envs.agents.credit.ablations`)."""
+    credit: Any = None
+    """The method's settings: an instance of its registered config class (None: its defaults;
+    :func:`credit_settings`). ``config.json`` holds them in full."""
     updates: int = 30
     """Policy updates (one batch of questions each)."""
     questions_per_update: int = 8
@@ -83,10 +87,6 @@ class TrainConfig:
     """PPO clip epsilon."""
     kl_coef: float = 0.001
     """KL-to-reference weight."""
-    twice: TwiceConfig = field(default_factory=TwiceConfig)
-    """Twin-credit settings (also CRR's budget)."""
-    vine_k: int = 2
-    """VinePPO rollouts per state."""
     seed: int = 0
     """Seed of task sampling, noise seeds, the minibatch order, the credit step's coins
     (:func:`~twice_envs.agents.training.trainer.credit_generator`) and torch."""
@@ -114,20 +114,56 @@ class TrainConfig:
     threads: int = 1
     """torch CPU threads (0: torch's default; the tiny model runs fastest on one)."""
 
+    def __post_init__(self) -> None:
+        cls = get_method(self.method).config
+        if self.credit is not None and not isinstance(self.credit, cls or ()):
+            raise ValueError(f"credit: the settings of credit method {self.method!r} are "
+                             f"{cls.__name__ if cls else 'none'}, got {type(self.credit).__name__}")
+
     def to_json(self) -> dict:
-        d = asdict(self)
-        d["ablations"] = list(self.ablations)
+        d = asdict(replace(self, credit=None))
+        d["credit"] = settings.to_json(credit_settings(self))
         d["task_ids"] = None if self.task_ids is None else list(self.task_ids)
         return d
 
     @classmethod
     def from_json(cls, d: dict) -> "TrainConfig":
         d = dict(d)
-        d["twice"] = TwiceConfig(**d.get("twice", {}))
-        d["ablations"] = tuple(d.get("ablations", ()))
+        method = d.get("method", cls.method)
+        if LEGACY_FIELDS & set(d):  # a run folder written before the method held its own settings
+            d["credit"] = legacy_credit(method, d.pop("twice", None), d.pop("vine_k", None), d.pop("ablations", None))
+        else:
+            d["credit"] = settings.from_json(method, d.get("credit"))
         if d.get("task_ids") is not None:
             d["task_ids"] = tuple(int(i) for i in d["task_ids"])
         return cls(**d)
+
+
+#: The fields a run's config.json had before each method held its own settings (``credit``).
+LEGACY_FIELDS = frozenset({"twice", "vine_k", "ablations"})
+
+
+def legacy_credit(method: str, twice: Optional[dict], vine_k: Optional[int], ablations: Optional[list]) -> Any:
+    """The settings of an older run's ``twice``, ``vine_k`` and ``ablations`` fields, for the run's method.
+
+    A method that reads Twice's settings gets them (its ablations applied); ``vineppo`` gets ``vine_k``. Any
+    value the run set that its method's settings cannot hold raises naming the field, rather than resume
+    the run with other settings than it was trained with (Twice's settings that a method never read are
+    dropped, except the sampler's ``key_mode``, which every method's sampling read)."""
+    cls = get_method(method).config
+    old = TwiceConfig(**(twice or {}))
+    changed = apply_ablations(old, tuple(ablations or ()))
+    if cls is TwiceConfig:
+        return changed
+    if ablations:
+        raise ValueError(f"ablations: {list(ablations)} change Twice's settings, which credit method {method!r} "
+                         "does not hold")
+    if old.key_mode != TwiceConfig.key_mode:
+        raise ValueError(f"twice.key_mode: {old.key_mode!r} was the run's sampler key mode, which the settings of "
+                         f"credit method {method!r} do not hold")
+    if cls is VineConfig:
+        return VineConfig(per_state=int(vine_k if vine_k is not None else VineConfig.per_state))
+    return None if cls is None else cls()
 
 
 def cpu_config(**overrides: Any) -> TrainConfig:
@@ -159,14 +195,30 @@ def published_config(**overrides: Any) -> TrainConfig:
 
 
 def sampling_config(config: TrainConfig, *, greedy: bool = False) -> SamplingConfig:
-    """The sampling settings of a run (greedy for evaluation)."""
+    """The sampling settings of a run (greedy for evaluation); the noise key mode is the method's
+    ``key_mode`` setting where it has one (Twice's and the methods that read its settings)."""
     return SamplingConfig(temperature=config.temperature, top_p=config.top_p, max_new_tokens=config.max_new_tokens,
-                          greedy=greedy, key_mode=effective_twice(config).key_mode)
+                          greedy=greedy, key_mode=getattr(credit_settings(config), "key_mode", TwiceConfig.key_mode))
 
 
-def effective_twice(config: TrainConfig) -> TwiceConfig:
-    """The run's twin-credit settings with its ablations applied."""
-    return apply_ablations(config.twice, config.ablations)
+def credit_settings(config: TrainConfig) -> Any:
+    """The run's method settings: ``config.credit``, or the defaults of the method's config class (None for a
+    method without settings)."""
+    if config.credit is not None:
+        return config.credit
+    cls = get_method(config.method).config
+    return None if cls is None else cls()
+
+
+def with_settings(config: TrainConfig, **values: Any) -> TrainConfig:
+    """``config`` with ``values`` set in its method's settings where the settings have such fields (the others
+    are not the method's settings and are left out: ``with_settings(cfg, beta=0.5)`` sets Twice's budget and
+    leaves GRPO as it is)."""
+    current = credit_settings(config)
+    if current is None:
+        return config
+    names = {f.name for f in fields(current)}
+    return replace(config, credit=replace(current, **{k: v for k, v in values.items() if k in names}))
 
 
 def read_run_config(file: os.PathLike) -> TrainConfig:

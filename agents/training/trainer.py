@@ -29,9 +29,17 @@ from pathlib import Path
 import numpy as np
 
 from twice_envs.agents.credit import predictor as pred
-from twice_envs.agents.credit.registry import check_env, factual_group_size, get_method
+from twice_envs.agents.credit.registry import (
+    CreditContext,
+    CreditMethod,
+    Runners,
+    check_env,
+    factual_group_size,
+    get_method,
+    run_credit,
+)
 from twice_envs.agents.rollout.episodes import rollout
-from twice_envs.agents.rollout.twins import credit_step
+from twice_envs.agents.rollout.twins import annotate_credit, llm_runners
 from twice_envs.agents.training.checkpoint import (
     TrainState,
     clear_prefix_cache,
@@ -40,7 +48,7 @@ from twice_envs.agents.training.checkpoint import (
 )
 from twice_envs.agents.training.config import (
     TrainConfig,
-    effective_twice,
+    credit_settings,
     sampling_config,
 )
 from twice_envs.agents.training.critic import make_critic
@@ -210,15 +218,18 @@ def training_pool(config: TrainConfig) -> tuple[int, bool]:
 
 
 def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True,
-                 records: list | None = None) -> dict:
+                 records: list | None = None, *, method: CreditMethod | None = None,
+                 runners: Runners | None = None) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics.
 
     Each task gets ``group_size x rollouts`` episodes, ``rollouts`` being the method's registered multiple
     (``grpo-2x``: 2), and the credit step and the loss see all of them. ``records``: a list that receives
-    the update's record lines (its factual episodes with their credit, then their twins)."""
+    the update's record lines (its factual episodes with their credit, then their twins). ``method`` and
+    ``runners``: the run's method and engine, bound once by :func:`train` (default: looked up now)."""
     t0 = time.perf_counter()
     u = state.update
-    tcfg = effective_twice(config)
+    method = method or get_method(config.method)
+    runners = runners or llm_runners(answer_probs)
     sampling = sampling_config(config)
     first, noise_seed = sample_batch(state, config, pool, indexed, sampling)
     episodes, sampled, batches, seeds = first, first, 1, [noise_seed]
@@ -235,10 +246,10 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         episodes = [e for e in episodes if e.group in wanted] or first
     twins = [] if records is not None else None
     t1 = time.perf_counter()
-    credit = credit_step(config.method, state.policy, episodes, config=tcfg, sampling=sampling,
-                         rng=credit_generator(config.seed, u), update=u, noise_seed=noise_seed,
-                         predictor_state=state.predictor, vine_k=config.vine_k, answer_probs_fn=answer_probs,
-                         critic=state.critic, records=twins)
+    ctx = CreditContext(policy=state.policy, sampling=sampling, rng=credit_generator(config.seed, u), update=u,
+                        noise_seed=noise_seed, config=credit_settings(config), predictor_state=state.predictor,
+                        critic=state.critic, runners=runners, records=twins)
+    credit = run_credit(method, episodes, ctx)
     if credit.predictor_state is not None:
         state.predictor = credit.predictor_state
     t2 = time.perf_counter()
@@ -246,6 +257,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     # metrics below describe the batch as sampled, the grown episodes' tokens being the step's auxiliary ones
     trained = credit.episodes if credit.episodes is not None else episodes
     if records is not None:
+        annotate_credit(config.method, trained, credit)
         records.extend(batch_lines(trained, twins, batch=u + 1, slim=True))
     loss_stats = policy_update(state, trained, credit.advantages, config)
     t3 = time.perf_counter()
@@ -317,13 +329,14 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
         write_lines(out / RUN_EPISODES, [])
     atomic_write_text(out / "config.json", json.dumps(config.to_json(), indent=1))
     pool, indexed = training_pool(config)
+    method, runners = get_method(config.method), llm_runners(answer_probs)  # looked up and bound once per run
     results = []
     if eval_before and state.update == 0:
         ev = evaluate(state.policy, config)
         _append(metrics_path, {"update": 0, "eval": ev})
     while state.update < config.updates:
         lines: list = []
-        m = train_update(state, config, pool, indexed, records=lines)
+        m = train_update(state, config, pool, indexed, records=lines, method=method, runners=runners)
         append_lines(out / RUN_EPISODES, lines)
         if config.eval_every and state.update % config.eval_every == 0:
             m["eval"] = evaluate(state.policy, config)

@@ -11,6 +11,7 @@ import torch
 
 from twice_envs.agents.cli.train import eval_main
 from twice_envs.agents.credit.registry import factual_group_size
+from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.models.load import load_run_policy
 from twice_envs.agents.training.checkpoint import CheckpointError, read_checkpoint
 from twice_envs.agents.training.config import read_run_config
@@ -94,7 +95,7 @@ def test_greedy_eval_reports_em_and_f1(policy_factory):
 
 
 def test_config_round_trips_through_json(tmp_path):
-    cfg = TrainConfig(ablations=("star",))
+    cfg = TrainConfig(credit=TwiceConfig(star=2))
     assert TrainConfig.from_json(json.loads(json.dumps(cfg.to_json()))) == cfg
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_json(), indent=1))
     assert read_run_config(tmp_path / "config.json") == cfg
@@ -141,7 +142,7 @@ def test_the_crafted_payload_is_live(tmp_path):
 
 
 def test_a_crafted_checkpoint_is_refused_by_resume_eval_and_audit(tmp_path, policy_factory, capsys):
-    from twice_envs.agents.lab.audit import audit_main
+    from twice_envs.agents.lab.cli import audit_main
     from twice_envs.cli import main
 
     marker = tmp_path / "ran"

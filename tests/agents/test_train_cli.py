@@ -5,7 +5,7 @@ import json
 import pytest
 
 from twice_envs.agents.cli.train import eval_main, train_main
-from twice_envs.agents.lab.audit import audit_main
+from twice_envs.agents.lab.cli import audit_main
 from twice_envs.agents.lab.plots import plot_main
 from twice_envs.agents.training.trainer import RunExistsError
 
@@ -36,7 +36,7 @@ def test_train_eval_audit_plot_commands(tmp_path, capsys):
     assert train_main(args + ["--method", "twice", "--ablation", "star", "--overwrite", "--no-progress"]) == 0
     assert " update " not in capsys.readouterr().err
     assert [json.loads(l)["update"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
-    assert json.loads((run / "config.json").read_text())["ablations"] == ["star"]
+    assert json.loads((run / "config.json").read_text())["credit"]["star"] == 2  # the ablation's K = 2
     assert (run / "checkpoint" / "state.pt").exists()
     assert train_main(args[:-2] + ["--out", str(tmp_path / "grpo"), "--method", "grpo"]) == 0
 
@@ -109,11 +109,11 @@ def test_audit_and_eval_play_a_shipped_game_model_as_train_does(monkeypatch, cap
     """`twice audit --checkpoint tiny-webshop` and `twice eval --checkpoint tiny-webshop` play WebShop with the
     model's transcript settings (show_admissible, 6 turns), and the audit's --env-kwargs go over them."""
     from twice_envs.agents.cli import train as train_cli
-    from twice_envs.agents.lab import audit
+    from twice_envs.agents.lab import cli as audit
 
     seen = {}
     monkeypatch.setattr(audit, "load_policy", lambda name: name)
-    monkeypatch.setattr(audit, "run_audit", lambda policy, cfg, log: seen.setdefault("audit", cfg) and None)
+    monkeypatch.setattr(audit, "run_audit", lambda policy, cfg: seen.setdefault("audit", cfg) and None)
     monkeypatch.setattr(audit, "format_table", lambda res: "")
     monkeypatch.setattr(audit, "write_outputs", lambda res, out: {})
     assert audit.audit_main(["--checkpoint", "tiny-webshop", "--env", "WebShop-v0",

@@ -24,7 +24,7 @@ def trainer(tmp_path):
     # every decision branched (warm-up q = 1), so twins run in each batch; F1 minus a search cost
     # gives the tiny model's episodes different outcomes (plain EM is 0 on almost every task)
     cfg = twice_trl.TwinRolloutConfig(env_id="SearchQA-v0", env_kwargs={"reward": "cost_f1"}, method="twice",
-                                      max_turns=3, max_new_tokens=128, twice=TwiceConfig(warmup_q=1.0), seed=0)
+                                      max_turns=3, max_new_tokens=128, credit=TwiceConfig(warmup_q=1.0), seed=0)
     rollout = twice_trl.TwinRollout(cfg)
     t = twice_trl.TwinCreditGRPOTrainer(model=policy.model, reward_funcs=twice_trl.env_utility, args=args,
                                         train_dataset=twice_trl.task_dataset(8), processing_class=policy.tokenizer,

@@ -46,13 +46,14 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from twice_envs._deps import require
-from twice_envs.agents.credit.registry import check_env, get_method
+from twice_envs.agents.credit.registry import CreditContext, check_env, get_method, run_credit
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.rollout.episodes import Task, rollout
-from twice_envs.agents.rollout.twins import credit_step
+from twice_envs.agents.rollout.twins import annotate_credit, llm_runners
 from twice_envs.agents.sampling.policy import HFPolicy, SamplingConfig
 from twice_envs.agents.training.gold_answer import answer_probs
 from twice_envs.integrations.episodes import response_row, token_advantages
+from twice_envs.integrations.trl_env import Env, seed_dataset  # noqa: F401 -- TRL's environment_factory API
 from twice_envs.keys import NoiseSchedule, episode_noise_seed
 
 _trl = require("trl", "trl", "the TRL integration")
@@ -110,8 +111,9 @@ class TwinRolloutConfig:
     """Sampling temperature; must equal the trainer's ``GRPOConfig.temperature``."""
     top_p: float = 1.0
     """Nucleus mass."""
-    twice: TwiceConfig = field(default_factory=TwiceConfig)
-    """Twin-credit settings (Twice and CRR)."""
+    credit: Any = None
+    """The method's settings: an instance of its registered config class (None: its defaults), e.g.
+    ``TwiceConfig(beta=0.5)`` for ``twice`` and ``crr``."""
     seed: int = 0
     """Seed of the noise seeds and the branch and evidence coins (the same on every process)."""
     dump: Optional[str] = None
@@ -183,6 +185,13 @@ class TwinRollout:
             raise ValueError(f"credit method {config.method!r} grows further factual episodes from the batch, and "
                              "TRL fixes the completions per prompt (num_generations): train it with twice train")
         check_env(config.method, config.env_id)
+        if config.credit is not None and not isinstance(config.credit, method.config or ()):
+            raise ValueError(f"TwinRolloutConfig.credit: the settings of credit method {config.method!r} are "
+                             f"{method.config.__name__ if method.config else 'none'}, "
+                             f"got {type(config.credit).__name__}")
+        self.method = method  # looked up once; the engine below is bound once
+        self.settings = config.credit if config.credit is not None else method.settings()
+        self.runners = llm_runners(answer_probs)
         self.config = config
         self.rng = np.random.default_rng(config.seed)
         self.update = 0
@@ -195,7 +204,7 @@ class TwinRollout:
     def sampling(self) -> SamplingConfig:
         c = self.config
         return SamplingConfig(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.max_new_tokens,
-                              key_mode=c.twice.key_mode)
+                              key_mode=getattr(self.settings, "key_mode", TwiceConfig.key_mode))
 
     def policy_for(self, model, tokenizer) -> HFPolicy:
         """The keyed-sampling policy over the trainer's model (built once; it tracks weight updates)."""
@@ -231,9 +240,12 @@ class TwinRollout:
         episodes = rollout(sharded, c.env_id, [parse_task(p) for p, _ in groups], group_size=size,
                            sampling=sampling, env_kwargs=c.env_kwargs, noise_seed=noise_seed, max_turns=c.max_turns)
         twins: Optional[list] = [] if c.dump else None
-        credit = credit_step(c.method, sharded, episodes, config=c.twice, sampling=sampling, rng=self.rng,
-                             update=self.update, noise_seed=noise_seed, predictor_state=self.predictor_state,
-                             answer_probs_fn=answer_probs, records=twins)
+        ctx = CreditContext(policy=sharded, sampling=sampling, rng=self.rng, update=self.update, noise_seed=noise_seed,
+                            config=self.settings, predictor_state=self.predictor_state, runners=self.runners,
+                            records=twins)
+        credit = run_credit(self.method, episodes, ctx)
+        if twins is not None:
+            annotate_credit(c.method, episodes if credit.episodes is None else credit.episodes, credit)
         if credit.predictor_state is not None:
             self.predictor_state = credit.predictor_state
         local = range(pr.rank * n, (pr.rank + 1) * n)

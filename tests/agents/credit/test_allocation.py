@@ -8,11 +8,10 @@ from twice_envs.agents.bench.learn import LearnConfig, train_one
 from twice_envs.agents.credit import allocation, predictor, tree
 from twice_envs.agents.credit.grpo import episode_advantages
 from twice_envs.agents.credit.predictor import decision_index
-from twice_envs.agents.credit.registry import check_env, factual_group_size
+from twice_envs.agents.credit.registry import CreditContext, check_env, factual_group_size, get_method, run_credit
 from twice_envs.agents.credit.twice import TwiceConfig, policy_tokens
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.runner import lab_policy, lab_step_fns
-from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 
 
@@ -73,8 +72,9 @@ def test_the_lab_grows_real_episodes_to_grpos_tokens_and_credits_all_of_them(met
     """Break: a budget of 1 / share (not 1 / share - 1) x the roots' tokens grows 2.5 chains per root, not 1.5."""
     policy = lab_policy("SearchToy-v0")
     roots, envs = toy.toy_rollouts(policy, 6, factual_group_size(method, 5), noise_seed=11)
-    res = credit_step(method, policy, roots, config=TwiceConfig(beta=0.0, q_min=0.0, warmup_updates=0), sampling=None,
-                      rng=np.random.default_rng(1), update=5, noise_seed=11, **lab_step_fns(envs))
+    res = run_credit(get_method(method), roots, CreditContext(
+        policy=policy, rng=np.random.default_rng(1), update=5, noise_seed=11, runners=lab_step_fns(envs),
+        config=TwiceConfig(beta=0.0, q_min=0.0, warmup_updates=0)))
     batch, grown = res.episodes, res.episodes[len(roots):]
     assert batch[:len(roots)] == list(roots) and len(grown) > len(roots) and len(envs) == len(batch)
     for ep, env in zip(grown, envs[len(roots):]):
@@ -96,8 +96,9 @@ def test_the_lab_grows_real_episodes_to_grpos_tokens_and_credits_all_of_them(met
         assert adv == pytest.approx(np.full(len(ep.turns), a_traj[i]))
     assert res.aux_tokens == res.stats["grown_tokens"] == sum(e.num_generated_tokens for e in grown)
     # with a budget the twins branch the batch's own decisions, grown episodes' included, at beta x its tokens
-    res = credit_step(method, policy, roots, config=TwiceConfig(beta=0.7, warmup_updates=0), sampling=None,
-                      rng=np.random.default_rng(2), update=5, noise_seed=12, **lab_step_fns(envs[:len(roots)]))
+    res = run_credit(get_method(method), roots, CreditContext(
+        policy=policy, rng=np.random.default_rng(2), update=5, noise_seed=12,
+        config=TwiceConfig(beta=0.7, warmup_updates=0), runners=lab_step_fns(envs[:len(roots)])))
     assert res.aux_tokens > res.stats["grown_tokens"] and res.stats["aux_target"] == pytest.approx(
         0.7 * policy_tokens(res.episodes))
 
@@ -108,7 +109,7 @@ def test_a_grown_episodes_first_turn_is_not_its_own_twin():
     roots, envs = toy.toy_rollouts(policy, 30, 2, noise_seed=5)
     fns = lab_step_fns(envs)
     nodes = [(i, 0) for i in range(len(roots))]
-    grown = fns["branches_fn"](policy, roots, nodes, None, noise_seed=3)
+    grown = fns.branches(policy, roots, nodes, None, noise_seed=3)
     twins, _ = toy.lab_twins(policy, list(roots) + grown, envs, [(len(roots) + k, 0) for k in range(len(grown))])
     p = np.mean(predictor.self_twin_probability(grown, [(k, 0) for k in range(len(grown))]))
     assert np.mean([t.self_twin for t in twins]) == pytest.approx(p, abs=0.2) and p < 0.8

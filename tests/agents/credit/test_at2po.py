@@ -5,12 +5,10 @@ import pytest
 
 from twice_envs.agents.bench import learn as bench_learn
 from twice_envs.agents.credit import at2po
-from twice_envs.agents.credit.registry import CreditContext, factual_group_size, get_method
+from twice_envs.agents.credit.registry import CreditContext, Runners, factual_group_size, get_method, run_credit
 from twice_envs.agents.credit.tree import Forest
-from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.runner import lab_policy, lab_step_fns
-from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.keys import NoiseKey
 
@@ -77,7 +75,7 @@ def test_the_step_grows_within_grpos_tokens_and_trains_every_path():
     """Break: ending the growth after its first iteration leaves 2 of the 3.3 tokens generated."""
     roots = [_episode(1.0, 0, [1.0, 2.0, 0.5]), _episode(0.0, 0, [1.5, 3.0])]  # 5 tokens: budget 5 (1/0.6 - 1)
     runner = _Branches()
-    ctx = CreditContext(rng=np.random.default_rng(0), run_branches=runner)
+    ctx = CreditContext(rng=np.random.default_rng(0), runners=Runners(branches=runner))
     res = at2po.at2po_step(roots, ctx, config=at2po.AT2POConfig(k=1), share=0.6)
     assert res.stats["aux_target"] == pytest.approx(5 / 0.6 - 5)
     assert runner.calls[0] == [(0, 1)]  # the highest entropy first
@@ -89,7 +87,7 @@ def test_the_step_grows_within_grpos_tokens_and_trains_every_path():
 def test_a_fixed_iteration_count_over_the_budget_is_refused_naming_the_largest_k():
     """Break: not multiplying by k accepts k = 2 (2.3 planned tokens per k and iteration, budget 3.3)."""
     roots = [_episode(1.0, 0, [1.0, 2.0, 0.5]), _episode(0.0, 0, [1.5, 3.0])]
-    ctx = CreditContext(rng=np.random.default_rng(0), run_branches=_Branches())
+    ctx = CreditContext(rng=np.random.default_rng(0), runners=Runners(branches=_Branches()))
     with pytest.raises(ValueError, match=r"at2po: k 2 over 1 iterations plans about 5 .* budget of 3 .* largest k "
                                          r"that fits is 1"):
         at2po.at2po_step(roots, ctx, config=at2po.AT2POConfig(k=2, iterations=1), share=0.6)
@@ -104,7 +102,7 @@ def test_an_env_that_cannot_fork_is_refused_before_any_rollout():
     runner = _Branches()
     eps = [_episode(1.0, 0, [1.0] * 3, env_id="Stub-v0"), _episode(0.0, 0, [1.0] * 3, env_id="Stub-v0")]
     with pytest.raises(ValueError, match=r"at2po forks.*Stub-v0 cannot fork"):
-        get_method("at2po")(eps, CreditContext(run_branches=runner))
+        get_method("at2po")(eps, CreditContext(runners=Runners(branches=runner)))
     assert runner.calls == []
 
 
@@ -115,8 +113,8 @@ def test_registered_on_the_lab_runners_and_joins_bench_learn():
     assert "at2po" in bench_learn.LearnConfig().methods
     policy = lab_policy("SearchToy-v0")
     eps, envs = toy.toy_rollouts(policy, 8, factual_group_size("at2po", 5), noise_seed=3)
-    res = credit_step("at2po", policy, eps, config=TwiceConfig(), sampling=None, rng=np.random.default_rng(1),
-                      update=0, noise_seed=5, **lab_step_fns(envs))
+    res = run_credit(get_method("at2po"), eps, CreditContext(policy=policy, rng=np.random.default_rng(1), update=0,
+                                                             noise_seed=5, runners=lab_step_fns(envs)))
     assert res.stats["expansions"] > 0 and res.aux_tokens > 0 and res.stats["at2po_iterations"] >= 2
     assert all(len(a) == len(ep.turns) and np.all(np.isfinite(a)) for a, ep in zip(res.advantages, res.episodes))
     total = sum(e.num_generated_tokens for e in eps) + res.aux_tokens

@@ -53,15 +53,16 @@ def _run_twice(config, updates: int, groups: int = 16):
     from twice_envs.agents.lab import toy
     from twice_envs.agents.lab.runner import lab_runners
     from twice_envs.agents.lab.search_toy import search_toy_policy
-    from twice_envs.agents.rollout.twins import credit_step
+    from twice_envs.agents.credit.registry import CreditContext, Runners, get_method, run_credit
 
     policy = search_toy_policy()
     rng, state, out = np.random.default_rng(0), None, []
     for u in range(updates):
         eps, envs = toy.toy_rollouts(policy, groups, 5, noise_seed=100 + u)
         tf, vf = lab_runners(envs)
-        res = credit_step("twice", policy, eps, config=config, sampling=None, rng=rng, update=u, noise_seed=u,
-                          predictor_state=state, twins_fn=tf, values_fn=vf)
+        res = run_credit(get_method("twice"), eps, CreditContext(policy=policy, rng=rng, update=u, noise_seed=u,
+                                                                 predictor_state=state, config=config,
+                                                                 runners=Runners(twins=tf, values=vf)))
         state = res.predictor_state
         out.append((u, res.stats))
     return out

@@ -5,10 +5,10 @@ import pytest
 
 from twice_envs.agents.credit import crr, twice, vineppo
 from twice_envs.agents.credit.grpo import episode_advantages
+from twice_envs.agents.credit.registry import CreditContext, Runners, get_method, run_credit
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.runner import lab_runners
-from twice_envs.agents.rollout.twins import credit_step
 
 from .stats_helpers import bias_z_scores, chi2_upper_z, decision_types
 
@@ -34,8 +34,9 @@ def test_crr_replaces_the_advantage_of_a_branched_decision_with_its_outcome_diff
     policy = toy.toy_policy()
     episodes, envs = toy.toy_rollouts(policy, 12, 5, noise_seed=4)
     twins_fn, values_fn = lab_runners(envs)
-    res = credit_step("crr", policy, episodes, config=TwiceConfig(beta=0.5), sampling=None,
-                      rng=np.random.default_rng(1), update=0, noise_seed=5, twins_fn=twins_fn, values_fn=values_fn)
+    res = run_credit(get_method("crr"), episodes, CreditContext(
+        policy=policy, rng=np.random.default_rng(1), noise_seed=5, config=TwiceConfig(beta=0.5),
+        runners=Runners(twins=twins_fn, values=values_fn)))
     a_traj = episode_advantages([e.utility for e in episodes], [e.group for e in episodes])
     # rerun the same coins to learn which decisions were branched and their counterfactuals
     plan = crr.plan_branches(episodes, np.random.default_rng(1), TwiceConfig(beta=0.5))
@@ -53,9 +54,9 @@ def test_crr_added_is_the_additive_ablation():
     policy = toy.toy_policy()
     episodes, envs = toy.toy_rollouts(policy, 12, 5, noise_seed=4)
     twins_fn, values_fn = lab_runners(envs)
-    kw = dict(config=TwiceConfig(beta=0.5), sampling=None, update=0, noise_seed=5, twins_fn=twins_fn,
-              values_fn=values_fn)
-    res = credit_step("crr-added", policy, episodes, rng=np.random.default_rng(1), **kw)
+    res = run_credit(get_method("crr-added"), episodes, CreditContext(
+        policy=policy, rng=np.random.default_rng(1), noise_seed=5, config=TwiceConfig(beta=0.5),
+        runners=Runners(twins=twins_fn, values=values_fn)))
     cfg = crr.crr_config(TwiceConfig(beta=0.5))
     rng = np.random.default_rng(1)
     plan = crr.plan_branches(episodes, rng, TwiceConfig(beta=0.5))
@@ -89,8 +90,9 @@ def test_vineppo_trains_on_whitened_credit():
     policy = toy.toy_policy()
     episodes, envs = toy.toy_rollouts(policy, 10, 5, noise_seed=2)
     twins_fn, values_fn = lab_runners(envs)
-    res = credit_step("vineppo", policy, episodes, config=TwiceConfig(), sampling=None, rng=np.random.default_rng(0),
-                      update=0, noise_seed=3, twins_fn=twins_fn, values_fn=values_fn, vine_k=2)
+    res = run_credit(get_method("vineppo"), episodes, CreditContext(
+        policy=policy, rng=np.random.default_rng(0), noise_seed=3, config=vineppo.VineConfig(per_state=2),
+        runners=Runners(twins=twins_fn, values=values_fn)))
     flat = np.concatenate(res.advantages)
     assert abs(flat.mean()) < 1e-9 and flat.std() == pytest.approx(1.0, rel=1e-6)
     raw = np.concatenate(vineppo.vine_credit(episodes, values_fn(policy, episodes, None, k=2, noise_seed=3).records))

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from twice_envs.agents.credit import registry
-from twice_envs.agents.credit.registry import check_env, get_method
-from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.credit.registry import CreditContext, check_env, get_method, run_credit
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.choice_lab import ChoiceLabSetting, choice_lab_policy
 from twice_envs.agents.lab.runner import lab_step_fns
-from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.envs.choicelab.env import ChoiceLabConfig
 
 
@@ -31,8 +31,7 @@ def test_registered_once_as_a_diagnostic_of_the_learning_bench():
 
 def test_its_update_uses_the_exact_advantages_through_the_labs_step_fns():
     policy, eps, envs = _batch()
-    res = credit_step("exact-advantage", policy, eps, config=TwiceConfig(), sampling=None,
-                      rng=np.random.default_rng(0), update=0, noise_seed=0, **lab_step_fns(envs))
+    res = run_credit(get_method("exact-advantage"), eps, CreditContext(policy=policy, runners=lab_step_fns(envs)))
     want = [policy.episode_advantages([t.text for t in e.turns]) for e in eps]
     assert res.aux_tokens == 0 and len(res.advantages) == len(eps)
     for got, exact in zip(res.advantages, want):
@@ -42,10 +41,9 @@ def test_its_update_uses_the_exact_advantages_through_the_labs_step_fns():
 
 def test_a_caller_without_exact_advantages_gets_a_clear_error():
     policy, eps, envs = _batch()
-    fns = {k: v for k, v in lab_step_fns(envs).items() if k != "exact_advantages_fn"}
-    with pytest.raises(ValueError, match="needs exact advantages .*but the caller gave none"):
-        credit_step("exact-advantage", policy, eps, config=TwiceConfig(), sampling=None,
-                    rng=np.random.default_rng(0), update=0, noise_seed=0, **fns)
+    runners = replace(lab_step_fns(envs), exact_advantages=None)
+    with pytest.raises(ValueError, match=r"needs exact advantages .*\(need 'exact_advantages'\), but the caller's"):
+        run_credit(get_method("exact-advantage"), eps, CreditContext(policy=policy, runners=runners))
 
 
 @pytest.mark.parametrize("env", ["SearchQA-v0", "CreditToy-v0", "WebShop-v0"])

@@ -9,7 +9,7 @@ import pytest
 import twice_envs
 from twice_envs.agents.credit import twice
 from twice_envs.agents.credit.igpo import IGPOConfig, igpo_credit, information_gain, turn_rewards
-from twice_envs.agents.credit.registry import CreditContext, check_env, get_method
+from twice_envs.agents.credit.registry import CreditContext, Runners, check_env, get_method
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.runner import LabAuditConfig, lab_runners, lab_step_fns, run_lab_audit
 from twice_envs.agents.lab.search_toy import search_toy_policy
@@ -72,9 +72,9 @@ def test_a_group_whose_rewards_all_tie_gets_zero():
 
 def test_igpo_needs_the_answer_probabilities_from_its_caller():
     m = get_method("igpo")
-    assert m.needs == {"gold_answer"} and m.display == "IGPO" and m.config is IGPOConfig and "learn" in m.benches
-    assert get_method("twice-igpo").needs == {"gold_answer", "twins"}
-    with pytest.raises(ValueError, match="answer probs function"):
+    assert m.needs == {"answer_probs"} and m.display == "IGPO" and m.config is IGPOConfig and "learn" in m.benches
+    assert get_method("twice-igpo").needs == {"answer_probs", "twins"}
+    with pytest.raises(ValueError, match=r"needs the gold answer's probabilities \(need 'answer_probs'\)"):
         m([_episode(["answer"])], CreditContext())
 
 
@@ -82,10 +82,10 @@ def test_twice_igpo_is_igpo_plus_the_twin_terms():
     policy = search_toy_policy()
     eps, envs = toy.toy_rollouts(policy, 6, 4, noise_seed=3)
 
-    def ctx():
+    def ctx(config=twice.TwiceConfig(beta=0.7)):
         tf, vf = lab_runners(envs)
-        return CreditContext(policy=policy, rng=np.random.default_rng(5), twice=twice.TwiceConfig(beta=0.7),
-                             run_twins=tf, run_values=vf, answer_probs=toy.answer_probs)
+        return CreditContext(policy=policy, rng=np.random.default_rng(5), config=config,
+                             runners=Runners(twins=tf, values=vf, answer_probs=toy.answer_probs))
 
     res = get_method("twice-igpo")(eps, ctx())
     terms = twice.twin_terms(eps, ctx())
@@ -94,7 +94,7 @@ def test_twice_igpo_is_igpo_plus_the_twin_terms():
     for got, b, t in zip(res.advantages, base, terms.advantages):
         assert np.allclose(got, b + t)
     assert res.predictor_state is not None and res.aux_tokens == terms.aux_tokens > 0
-    plain = get_method("igpo")(eps, ctx())
+    plain = get_method("igpo")(eps, ctx(None))
     assert all(np.allclose(p, b) for p, b in zip(plain.advantages, base))
 
 
@@ -184,7 +184,7 @@ def test_lab_answer_probability_is_the_policys_probability_of_answering_at_each_
     for k, turn in enumerate(ep.turns[:2], start=1):
         env.step(turn.text)
         assert policy.action_probs(policy.state(env))[Q] == p[k]
-    assert lab_step_fns([])["answer_probs_fn"] is toy.answer_probs
+    assert lab_step_fns([]).answer_probs is toy.answer_probs
 
 
 def test_text_lab_answer_probability_matches_the_live_env_states():

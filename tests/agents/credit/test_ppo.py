@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from twice_envs.agents.credit import ppo, twice
-from twice_envs.agents.credit.registry import CreditContext, get_method
+from twice_envs.agents.credit.registry import CreditContext, Runners, get_method
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.credit.vineppo import whiten
 from twice_envs.agents.lab import toy
@@ -90,16 +90,16 @@ def test_ppo_twice_is_ppo_plus_the_twin_terms():
     eps, envs = toy.toy_rollouts(policy, 8, 5, noise_seed=3)
     tf, vf = lab_runners(envs)
 
-    def ctx(critic):
-        return CreditContext(policy=policy, rng=np.random.default_rng(1), noise_seed=5, twice=TwiceConfig(beta=0.7),
-                             run_twins=tf, run_values=vf, critic=critic)
+    def ctx(critic, config=TwiceConfig(beta=0.7)):
+        return CreditContext(policy=policy, rng=np.random.default_rng(1), noise_seed=5, config=config,
+                             runners=Runners(twins=tf, values=vf), critic=critic)
 
     warm = LabCritic(policy)
     warm.fit(eps, [np.full(len(e.turns), 0.5) for e in eps])  # non-zero values, the same for both runs
     c1, c2 = LabCritic(policy), LabCritic(policy)
     c1.table, c2.table = dict(warm.table), dict(warm.table)
     both = get_method("ppo-twice")(eps, ctx(c1))
-    alone = get_method("ppo")(eps, ctx(c2))
+    alone = get_method("ppo")(eps, ctx(c2, None))
     terms = twice.twin_terms(eps, ctx(LabCritic(policy)))
     assert any(np.any(t != 0) for t in terms.advantages)
     for a, p, t in zip(both.advantages, alone.advantages, terms.advantages):

@@ -5,11 +5,9 @@ import pytest
 
 from twice_envs.agents.bench import learn as bench_learn
 from twice_envs.agents.credit import tree
-from twice_envs.agents.credit.registry import CreditContext, factual_group_size, get_method
-from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.credit.registry import CreditContext, Runners, factual_group_size, get_method, run_credit
 from twice_envs.agents.lab import toy
 from twice_envs.agents.lab.runner import lab_policy, lab_step_fns
-from twice_envs.agents.rollout.twins import credit_step
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.keys import NoiseKey
 
@@ -50,7 +48,7 @@ def test_a_width_over_grpos_tokens_is_refused_naming_the_largest_that_fits():
     roots = [_episode(1.0, 0, 3), _episode(0.0, 0, 3)]  # 6 tokens; a root at share 0.4 stands for 2.5 chains
     budget = tree.expansion_budget(roots, 0.4)
     assert budget == pytest.approx(9.0)
-    ctx = CreditContext(rng=np.random.default_rng(0), run_branches=_Branches())
+    ctx = CreditContext(rng=np.random.default_rng(0), runners=Runners(branches=_Branches()))
     # boundaries 0, 1, 2 cost 3, 2, 1 tokens: 2 on average per expansion, 4 per round of both trees
     with pytest.raises(ValueError, match=r"tree-grpo: width 4 .* plans about 12 .* budget of 9 .* largest width that "
                                          r"fits is 3"):
@@ -68,7 +66,7 @@ def test_rounds_grow_until_the_generated_tokens_reach_grpos_budget():
     """Break: stopping on the planned tokens (3 + 2 at boundaries 0 and 1) ends after one round with 4 generated."""
     roots = [_episode(1.0, 0, 3), _episode(0.0, 1, 3)]
     runner = _Branches(extra=2)  # every expansion generates 2 tokens, whatever its boundary
-    ctx = CreditContext(rng=np.random.default_rng(0), run_branches=runner)
+    ctx = CreditContext(rng=np.random.default_rng(0), runners=Runners(branches=runner))
     forest, st = tree.grow_trees(roots, ctx, tree.TreeConfig(), 9.0, "tree-grpo")
     assert st["aux_generated"] >= 9 - 3 and st["aux_generated"] == 2 * st["expansions"]
     assert len(runner.calls) == st["tree_rounds"] >= 2
@@ -81,7 +79,7 @@ def test_the_step_trains_on_every_leaf_and_reports_the_paths_as_its_tokens():
     """Break: returning the roots only (episodes=None) leaves the grown leaves untrained."""
     roots = [_episode(1.0, 0, 3), _episode(0.0, 0, 3)]
     runner = _Branches(extra=1, utility=0.5)
-    ctx = CreditContext(rng=np.random.default_rng(1), run_branches=runner)
+    ctx = CreditContext(rng=np.random.default_rng(1), runners=Runners(branches=runner))
     res = tree.tree_step(roots, ctx, method="tree-grpo", coupled=False, share=0.4)
     assert res.episodes[:2] == roots and len(res.episodes) > 2
     assert [len(a) for a in res.advantages] == [len(ep.turns) for ep in res.episodes]
@@ -94,7 +92,8 @@ def test_tree_methods_sample_fewer_roots_and_refuse_an_env_that_cannot_fork():
     assert factual_group_size("tree-grpo", 5) == 2 and factual_group_size("tree-grpo-coupled", 5) == 2
     assert factual_group_size("at2po", 5) == 3 and factual_group_size("grpo", 5) == 5
     calls = []
-    ctx = CreditContext(run_branches=lambda *a, **k: calls.append(a), run_twins=lambda *a, **k: calls.append(a))
+    record = lambda *a, **k: calls.append(a)  # noqa: E731
+    ctx = CreditContext(runners=Runners(branches=record, twins=record))
     eps = [_episode(1.0, 0, 3, env_id="Stub-v0"), _episode(0.0, 0, 3, env_id="Stub-v0")]
     for name in ("tree-grpo", "tree-grpo-coupled"):
         with pytest.raises(ValueError, match=rf"{name} forks.*Stub-v0 cannot fork"):
@@ -105,8 +104,8 @@ def test_tree_methods_sample_fewer_roots_and_refuse_an_env_that_cannot_fork():
 def _run(method, env="SearchToy-v0", groups=8, seed=3):
     policy = lab_policy(env)
     eps, envs = toy.toy_rollouts(policy, groups, factual_group_size(method, 5), noise_seed=seed)
-    res = credit_step(method, policy, eps, config=TwiceConfig(), sampling=None, rng=np.random.default_rng(1),
-                      update=0, noise_seed=5, **lab_step_fns(envs))
+    res = run_credit(get_method(method), eps, CreditContext(policy=policy, rng=np.random.default_rng(1), update=0,
+                                                            noise_seed=5, runners=lab_step_fns(envs)))
     return policy, eps, res
 
 
@@ -128,7 +127,7 @@ def test_coupled_siblings_continue_on_their_chains_noise_and_self_siblings_copy_
     roots, envs = toy.toy_rollouts(policy, 30, 2, noise_seed=9)
     nodes = [(i, 1) for i, ep in enumerate(roots) if len(ep.turns) > 2]
     fns = lab_step_fns(envs)
-    ctx = CreditContext(policy=policy, rng=np.random.default_rng(0), noise_seed=2, run_twins=fns["twins_fn"])
+    ctx = CreditContext(policy=policy, rng=np.random.default_rng(0), noise_seed=2, runners=Runners(twins=fns.twins))
     leaves, aux, selves = tree.grow(ctx, roots, nodes, 0, coupled=True)
     assert aux > 0 and any(selves) and not all(selves)
     continued = []
@@ -159,6 +158,6 @@ def test_the_last_round_counts_nodes_at_what_earlier_rounds_generated_per_planne
     roots = [_episode(1.0, 0, 4), _episode(0.0, 1, 4)]  # boundaries 0..3 plan 4, 3, 2, 1 tokens
     spent = []
     for s in range(200):
-        ctx = CreditContext(rng=np.random.default_rng(s), run_branches=_Branches(extra=8))
+        ctx = CreditContext(rng=np.random.default_rng(s), runners=Runners(branches=_Branches(extra=8)))
         spent.append(tree.grow_trees(roots, ctx, tree.TreeConfig(), 20.0, "tree-grpo")[1]["aux_generated"])
     assert np.mean(spent) == pytest.approx(20.0, rel=0.1)

@@ -252,7 +252,7 @@ def test_no_self_twin_shortcut_changes_what_is_branched_and_generated_in_the_lab
     from twice_envs.agents.lab import toy
     from twice_envs.agents.lab.runner import lab_runners
     from twice_envs.agents.lab.search_toy import search_toy_policy
-    from twice_envs.agents.rollout.twins import credit_step
+    from twice_envs.agents.credit.registry import CreditContext, Runners, get_method, run_credit
 
     policy = search_toy_policy()
     eps, envs = toy.toy_rollouts(policy, 12, 5, noise_seed=4)
@@ -260,8 +260,8 @@ def test_no_self_twin_shortcut_changes_what_is_branched_and_generated_in_the_lab
     for name, cfg in (("full", TwiceConfig(warmup_updates=0)),
                       ("ablation", apply_ablations(TwiceConfig(warmup_updates=0), ["no-self-twin-shortcut"]))):
         tf, vf = lab_runners(envs)
-        res = credit_step("twice", policy, eps, config=cfg, sampling=None, rng=np.random.default_rng(1), update=0,
-                          noise_seed=0, twins_fn=tf, values_fn=vf)
+        res = run_credit(get_method("twice"), eps, CreditContext(policy=policy, rng=np.random.default_rng(1),
+                                                                 config=cfg, runners=Runners(twins=tf, values=vf)))
         out[name] = res
     full, abl = out["full"].stats, out["ablation"].stats
     assert full["self_twin_share"] > 0.1 and abl["self_twin_share"] == 0  # identical alternatives are continued

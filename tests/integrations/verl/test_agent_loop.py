@@ -110,7 +110,7 @@ def test_the_loop_plays_the_factual_episode_only_and_carries_its_record(tiny, pl
     ef = out.extra_fields
     n = len(ef["twice_noise_keys"])
     assert sorted({(k[1], k[2]) for k in server.keys}) == [(t, 0) for t in range(n)]
-    assert est.TWIN_CREDIT not in ef and est.COUNTERFACTUAL not in ef
+    assert est.TURN_CREDIT not in ef
     ep = EpisodeRecord.from_json(ef[est.EPISODE])
     ref = rollout(tiny, "SearchQA-v0", [TASK], group_size=1, sampling=SamplingConfig(max_new_tokens=MAX_NEW),
                   noise_seed=int(ef["twice_noise_seed"]), max_turns=3)[0]

@@ -63,19 +63,19 @@ def test_lambda_is_solved_once_over_the_batch(tokenizer, monkeypatch):
     server = stubs.ScriptedServer(tokenizer)
     t = _trainer(server, tokenizer, warmup_updates=0, beta=0.5)
     phase, _, _ = _step(t, monkeypatch, server, tokenizer, step=1)
-    plan, cfg, factual = phase.plan, phase.config, phase.factual
+    memo, factual = phase.rollouts[0].request.memo, phase.factual
+    plan, cfg, eta = memo.plan, memo.config, memo.eta
     unit = plan.unit_costs(cfg)  # c_t for every twin and replica, net of the predicted self-twins
     assert len(plan.index) == sum(len(ep.turns) for ep in factual) and len(factual) == 9
     assert np.dot(plan.q, unit) == pytest.approx(cfg.beta * twice.policy_tokens(factual), rel=1e-9)
-    one_lambda = np.clip(plan.lam * np.sqrt(phase.eta / unit), cfg.q_min, 1.0)
+    one_lambda = np.clip(plan.lam * np.sqrt(eta / unit), cfg.q_min, 1.0)
     assert plan.q == pytest.approx(one_lambda, rel=1e-12)
     assert 0 < plan.branched.sum() < len(plan.index) and 0 < plan.q.min() and plan.q.max() < 1
     metrics = twin_phase.phase_metrics(phase)
     assert metrics["twice/aux_planned"] == pytest.approx(metrics["twice/aux_target"], rel=1e-9)
-    assert metrics["twice/lambda"] == plan.lam
     # the episodes' costs differ, so a lambda per episode would differ from episode to episode
     rows = {i: [r for r, (j, _) in enumerate(plan.index) if j == i] for i in range(len(factual))}
-    lams = [twice.plan_branches([ep], cfg, phase.eta[rows[i]], np.random.default_rng(0), update=1).lam
+    lams = [twice.plan_branches([ep], cfg, eta[rows[i]], np.random.default_rng(0), update=1).lam
             for i, ep in enumerate(factual)]
     assert np.ptp(lams) > 1e-3 * np.mean(lams)
 
@@ -86,14 +86,15 @@ def test_twins_of_the_plan_run_through_the_server(tokenizer, monkeypatch):
     server = stubs.ScriptedServer(tokenizer)
     t = _trainer(server, tokenizer, warmup_updates=0)
     phase, _, keys = _step(t, monkeypatch, server, tokenizer, step=1)
-    branched = phase.plan.branched_decisions
-    assert sorted(tw.twin_of for tw in phase.twins.records) == sorted(branched)
+    branched = phase.rollouts[0].request.memo.plan.branched_decisions
+    assert sorted(tw.twin_of for tw in phase.twins) == sorted(branched)
     twin_keys = {k for k in server.keys if k[2] == 1}
     noise = {i: int(ep.trajectory["noise"]["episode_seed"]) for i, ep in enumerate(phase.factual)}
     assert twin_keys == {(noise[i], tt, 1) for i, tt in branched}
     assert set(t._twin_rows) == set(keys)
     row = t._twin_rows[keys[branched[0][0]]]
-    assert branched[0][1] in row["twice_branched"] and len(row[est.TWIN_CREDIT]) == len(row["twice_branch_q"])
+    assert branched[0][1] in row["twice_branched"] and len(row[est.TURN_CREDIT]) == len(row["twice_branch_q"])
+    assert row[est.TURN_CREDIT] == list(phase.result.advantages[branched[0][0]])
 
 
 def test_the_predictor_fitted_on_step_k_plans_step_k_plus_1(tokenizer, monkeypatch):
@@ -121,15 +122,17 @@ def test_the_predictor_fitted_on_step_k_plans_step_k_plus_1(tokenizer, monkeypat
     assert planned[0] == prior
     for k, phase in enumerate(phases):
         # the fit of step k saw step k's plan and one (U, U') pair per twin of step k
-        assert fitted[k]["plan"] is phase.plan and len(fitted[k]["credit"].pairs) == len(phase.twins.records) > 0
+        assert fitted[k]["plan"] is phase.rollouts[0].request.memo.plan
+        assert len(fitted[k]["credit"].pairs) == len(phase.twins) > 0
         assert phase.state.to_json() == fitted[k]["state"]
     assert fitted[0]["state"] != prior and fitted[0]["state"]["updates"] == 1
     assert planned[1] == fitted[0]["state"]
     assert t.predictor_state.to_json() == fitted[1]["state"] and t.predictor_state.updates == 2
     # step 2's eta is the fitted predictor's, not the prior's 0.5
     fitted_state = predictor.PredictorState.from_json(fitted[0]["state"])
-    assert phases[1].eta == pytest.approx(predictor.predict(fitted_state, phases[1].features))
-    assert np.abs(phases[1].eta - 0.5).max() > 1e-3
+    memo = phases[1].rollouts[0].request.memo
+    assert memo.eta == pytest.approx(predictor.predict(fitted_state, memo.features))
+    assert np.abs(memo.eta - 0.5).max() > 1e-3
 
 
 def test_crr_through_verl_replaces_branched_turns_with_u_minus_u_prime(tokenizer, monkeypatch):
@@ -138,7 +141,7 @@ def test_crr_through_verl_replaces_branched_turns_with_u_minus_u_prime(tokenizer
     server = stubs.ScriptedServer(tokenizer)
     t = _trainer(server, tokenizer, method="crr")
     phase, queue, keys = _step(t, monkeypatch, server, tokenizer, step=1)
-    factual, cfs = phase.factual, phase.twins.records
+    factual, cfs = phase.factual, phase.twins
     assert cfs and all(not tw.coupled for tw in cfs)
     assert t._compute_advantage(stubs.Batch(keys), {}) == "batch"
     got = queue.put["advantages"].to_padded_tensor(0.0)
@@ -194,12 +197,13 @@ def test_the_predictor_state_is_checkpointed(tmp_path, monkeypatch):
 
 
 def test_advantage_step_uses_extra_fields_and_the_twin_rows(monkeypatch):
-    """The agent loop's fields come from the queue, the twin credit from the twin phase's rows (the
+    """The agent loop's fields come from the queue, each turn's credit from the twin phase's rows (the
     trainer computes it now; the agent loop plays factual episodes only)."""
     episodes = _batch(7)
-    plan, credit, a_hat = _twin_credit(episodes, 8)
-    rewards, mask, uid, extra, rows = _verl_inputs(episodes, a_hat, pad=0)
-    twin_rows = [{est.TWIN_CREDIT: ef.pop(est.TWIN_CREDIT)} for ef in extra]
+    plan, credit, _ = _twin_credit(episodes, 8)
+    per_turn = twice.combine(episodes, plan.index, credit.a_hat, twice.TwiceConfig())
+    rewards, mask, uid, extra, rows = _verl_inputs(episodes, pad=0)
+    twin_rows = [{est.TURN_CREDIT: [float(a) for a in adv]} for adv in per_turn]
     lengths = [len(r.response_ids) for r in rows]
     nested = lambda x: torch.nested.as_nested_tensor([x[b, :n] for b, n in enumerate(lengths)], layout=torch.jagged)
     keys = [f"k{b}" for b in range(len(rows))]
@@ -213,6 +217,29 @@ def test_advantage_step_uses_extra_fields_and_the_twin_rows(monkeypatch):
     t._twin_rows = dict(zip(keys, twin_rows))
     assert t._compute_advantage(stubs.Batch(keys), {}) == "batch"
     assert "extra_fields" in queue.asked[-1] and t._twin_rows == {}
-    want = _expected_tokens(rows, twice.combine(episodes, plan.index, credit.a_hat, twice.TwiceConfig()), max(lengths))
+    want = _expected_tokens(rows, per_turn, max(lengths))
     got = queue.put["advantages"].to_padded_tensor(0.0)
     assert torch.equal(got, want)
+
+
+def test_a_toy_method_registered_in_a_test_runs_through_the_twin_phase(tokenizer, monkeypatch):
+    """The toy method (tests/agents/credit/toy_method.py) asks for value rollouts: verl's twin phase runs them
+    through the server and its credit reaches the advantages, with no name of it anywhere in the trainer.
+    Break: runs_phase keyed by a list of names -> the toy batch gets no twin phase."""
+    from tests.agents.credit import toy_method
+    from twice_envs.agents.credit.vineppo import vine_credit
+
+    with toy_method.registered() as name:
+        assert est.runs_phase(name) and name in est.verl_estimators()
+        server = stubs.ScriptedServer(tokenizer)
+        t = _trainer(server, tokenizer, method=name)
+        t.config.algorithm[name] = {"scale": 2.0}
+        phase, queue, keys = _step(t, monkeypatch, server, tokenizer, step=1)
+        values = phase.rollouts[0].result
+        assert phase.rollouts[0].request.need == "values" and values.records and values.aux_tokens > 0
+        want = [2.0 * a for a in vine_credit(phase.factual, values.records)]
+        assert all(np.allclose(a, w) for a, w in zip(phase.result.advantages, want))
+        assert t._compute_advantage(stubs.Batch(keys), {}) == "batch"
+        got = queue.put["advantages"].to_padded_tensor(0.0)
+        rows = [response_row(ep) for ep in phase.factual]
+        assert torch.allclose(got, _expected_tokens(rows, want, got.shape[1]))

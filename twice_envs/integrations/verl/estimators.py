@@ -1,4 +1,4 @@
-"""verl advantage estimators ``twice``, ``crr``, ``crr-added`` and ``gigpo`` (registered with ``register_adv_est``).
+"""verl advantage estimators for every registered credit method verl can serve (``register_adv_est``).
 
 verl hands an estimator ``token_level_rewards`` and ``response_mask`` ``(B, T)``, the
 group ``index`` (the prompt uid) and the algorithm ``config``. One row is one episode:
@@ -6,46 +6,51 @@ its response holds every turn and observation, and its reward (the episode utili
 sits on the last token. The per-turn facts credit needs travel in ``extra_fields``
 (one dict per row), which only the ``twice_envs`` trainer (:mod:`.trainer`) passes on:
 the agent loop (:mod:`.agent_loop`) writes the episode's own facts and the trainer's
-twin phase (:mod:`.twin_phase`) adds each row's twin results:
+twin phase (:mod:`.twin_phase`) adds each row's credit:
 
 * ``twice_turn_of_token``: the turn of each response token (-1 on observations);
-* ``twice_turn_rewards``, ``twice_turn_invalid``, ``twice_anchors``, ``twice_env_id``: for GiGPO;
-* ``twice_twin_credit``: the twin credit ``A_hat_t`` of each turn (0 where not branched) and
-  ``twice_twin_scale``, the batch's ``sigma_hat`` (``twice``, ``crr-added``);
-* ``twice_counterfactual_utility``: ``U'`` of each turn's independent counterfactual, None
-  where the turn was not branched (``crr``).
+* ``twice_turn_rewards``, ``twice_turn_invalid``, ``twice_anchors``, ``twice_env_id``: the per-turn
+  rewards, invalid flags and observations (methods that need ``anchor_groups``, e.g. GiGPO);
+* ``twice_turn_credit``: each turn's advantage from the twin phase (methods that ask for rollouts).
 
-The advantages are the project's own estimators on these episodes, spread over each
-turn's tokens:
+Which estimator a method gets follows from its registration alone (:func:`estimators`):
 
-* ``twice``: ``A_t = A_traj + omega A_hat_t / sigma_hat`` (:func:`twice_envs.agents.credit.twice.combine`);
-* ``crr`` (as published): ``A_t = U - U'`` at each turn with a counterfactual and GRPO's
-  ``A_traj`` at every other turn (:func:`twice_envs.agents.credit.crr.crr_advantages`);
-* ``crr-added`` (an ablation): Twice's additive combination of inverse-weighted independent
-  counterfactuals (``A_traj + omega A_hat_t / sigma_hat``);
-* ``gigpo``: ``A^E + omega A^S`` (:func:`~twice_envs.agents.credit.gigpo.gigpo_credit`).
+* a method that asks for no rollouts (GRPO, GiGPO): :func:`step_advantages`, its credit phase on the
+  episodes rebuilt from the rows;
+* a method whose requests verl's rollout server can run (:data:`VERL_NEEDS`: twins, independent
+  counterfactuals, value rollouts; Twice, CRR, VinePPO): :func:`phase_advantages`, the advantages the
+  trainer's twin phase computed with the method's two phases;
+* any other (a critic, the gold answer's probabilities, exact advantages, further factual episodes, a
+  batch of another size than ``rollout.n``) is not offered.
 
-Settings come from ``algorithm.twice`` and ``algorithm.gigpo`` in verl's config (field
-names of :class:`TwiceConfig` and :class:`GiGPOConfig`). Without ``extra_fields`` (verl's
-stock trainer) ``twice``, ``crr`` and ``crr-added`` reduce to the trajectory term (GRPO's
-group-normalised utility) and ``gigpo`` raises.
+A method's settings come from ``algorithm.<prefix>`` in verl's config: the field names of its config
+class, the prefix of its ``twice train`` flags (``algorithm.twice.beta`` for Twice and CRR,
+``algorithm.gigpo.omega``; :func:`method_settings`).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 from dataclasses import fields, replace
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from twice_envs.agents.credit import crr as crr_credit
-from twice_envs.agents.credit import gigpo, twice
-from twice_envs.agents.credit.registry import CreditContext, CreditMethod, get_method, methods
+from twice_envs.agents.credit.registry import (
+    FORK_NEEDS,
+    CreditContext,
+    CreditMethod,
+    get_method,
+    methods,
+    run_credit,
+)
+from twice_envs.agents.credit.settings import flag_prefix
 from twice_envs.agents.types import EpisodeRecord, TurnRecord
 from twice_envs.integrations.episodes import token_advantages
 from twice_envs.keys import NoiseKey
+
+#: The needs verl can serve: rollouts its server runs in the twin phase, and the rows' own observations.
+VERL_NEEDS = frozenset({"twins", "counterfactuals", "values", "anchor_groups"})
 
 #: ``extra_fields`` keys the agent loop writes and the estimators read.
 TURN_OF_TOKEN = "twice_turn_of_token"
@@ -60,13 +65,8 @@ SAMPLING = "twice_sampling"
 """The :class:`SamplingConfig` the episode was played with (its twins sample the same way)."""
 NOISE_SEED = "twice_noise_seed"
 """The episode's noise seed (as text)."""
-#: ``extra_fields`` keys the trainer's twin phase adds and the estimators read.
-TWIN_CREDIT = "twice_twin_credit"
-TWIN_SCALE = "twice_twin_scale"
-COUNTERFACTUAL = "twice_counterfactual_utility"
-
-#: verl estimators of registered methods whose registration names none (``module:function``).
-EXTRA_ESTIMATORS = {"crr-added": "twice_envs.integrations.verl.estimators:crr_added_advantages"}
+#: ``extra_fields`` key the trainer's twin phase adds: each turn's advantage.
+TURN_CREDIT = "twice_turn_credit"
 
 
 def _section(config: Any, name: str) -> dict:
@@ -153,16 +153,6 @@ def _per_turn(extra_fields, b: int, key: str, n: int, default):
     return values
 
 
-def _shared_scale(extra_fields) -> Optional[float]:
-    """The twin phase's ``sigma_hat``, shared by every row that carries one (None: none does)."""
-    if extra_fields is None:
-        return None
-    scales = {float(ef[TWIN_SCALE]) for ef in extra_fields if ef.get(TWIN_SCALE) is not None}
-    if len(scales) > 1:
-        raise ValueError(f"rows of one batch carry different twin scales {sorted(scales)}")
-    return scales.pop() if scales else None
-
-
 def _to_tensor(per_token: list[list[float]], like):
     import torch
 
@@ -176,81 +166,29 @@ def _spread(per_turn: Sequence, turn_of: list[list[int]], response_mask):
     return adv, adv
 
 
-def twin_advantages(token_level_rewards, response_mask, index=None, config=None, *,
-                    extra_fields: Optional[Sequence[dict]] = None, crr: bool = False, **kwargs):
-    """``A_t = A_traj + omega A_hat_t / sigma_hat`` on each turn's tokens; returns ``(advantages, returns)``.
-
-    ``sigma_hat`` is the twin phase's (``twice_twin_scale``: the batch scale or the running one,
-    as ``twin_scale`` says), else the standard deviation of the rows' utilities. ``crr=True``:
-    the twins were CRR's independent counterfactuals (``crr-added``)."""
-    cfg = settings(twice.TwiceConfig, config, "twice")
-    if crr:
-        cfg = crr_credit.crr_config(cfg)
-    utilities, _, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
-    episodes = _episodes(utilities, _groups(index), turn_of, extra_fields)
-    decisions, a_hat = [], []
-    for b, ep in enumerate(episodes):
-        for t, a in enumerate(_per_turn(extra_fields, b, TWIN_CREDIT, len(ep.turns), 0.0)):
-            decisions.append((b, t))
-            a_hat.append(float(a))
-    per_turn = twice.combine(episodes, decisions, np.asarray(a_hat, dtype=np.float64), cfg,
-                             _shared_scale(extra_fields))
-    return _spread(per_turn, turn_of, response_mask)
+def served(method: CreditMethod) -> bool:
+    """Whether verl can run ``method``: its needs within :data:`VERL_NEEDS`, and the factual batch verl samples
+    (``rollout.n`` per prompt: no ``rollouts`` multiple, no tree ``roots``)."""
+    return method.rollouts == 1 and method.roots is None and method.needs <= VERL_NEEDS
 
 
-def crr_advantages(token_level_rewards, response_mask, index=None, config=None, *,
-                   extra_fields: Optional[Sequence[dict]] = None, **kwargs):
-    """Published CRR: ``A_t = U - U'`` at each turn with an independent counterfactual, GRPO's
-    ``A_traj`` at every other turn (:func:`twice_envs.agents.credit.crr.crr_advantages`); no
-    settings apply. ``U`` is the row's reward, ``U'`` the row's ``twice_counterfactual_utility``."""
-    utilities, _, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
-    episodes = _episodes(utilities, _groups(index), turn_of, extra_fields)
-    counterfactuals = []
-    for b, ep in enumerate(episodes):
-        for t, u in enumerate(_per_turn(extra_fields, b, COUNTERFACTUAL, len(ep.turns), None)):
-            if u is not None:
-                counterfactuals.append(EpisodeRecord(ep.env_id, 0, {}, twin_of=(b, t), coupled=False,
-                                                     utility=float(u)))
-    per_turn = crr_credit.crr_advantages(episodes, counterfactuals)
-    return _spread(per_turn, turn_of, response_mask)
+def runs_phase(name: str) -> bool:
+    """Whether the estimator ``name`` is a registered method served by verl whose requests need the trainer's
+    twin phase (rollouts through verl's server)."""
+    return name in methods() and served(get_method(name)) and bool(get_method(name).needs & FORK_NEEDS)
 
 
-def crr_added_advantages(token_level_rewards, response_mask, index=None, config=None, **kwargs):
-    """The ``crr-added`` ablation: :func:`twin_advantages` with CRR's independent counterfactuals."""
-    return twin_advantages(token_level_rewards, response_mask, index, config, crr=True, **kwargs)
-
-
-def gigpo_config(config: Any, env_ids: Sequence[str]) -> gigpo.GiGPOConfig:
-    """GiGPO's settings for rows of ``env_ids``: the reference settings of the rows' env
-    (:func:`~twice_envs.agents.credit.gigpo.config_for`: ALFWorld ``mean_std_norm``/0.1, WebShop
-    ``mean_norm``/0.1, SearchQA ``mean_std_norm``/0.01; other envs the defaults), then every field
-    set under ``algorithm.gigpo``: a ``mode`` or ``invalid_penalty`` set there wins over the env's."""
-    envs = sorted({e for e in env_ids if e})
-    if len(envs) > 1:
-        raise ValueError(f"one gigpo batch holds rows of several envs {envs}: their reference settings differ")
-    base = gigpo.config_for(envs[0]) if envs else gigpo.GiGPOConfig()
-    return settings(gigpo.GiGPOConfig, config, "gigpo", base=base)
-
-
-def gigpo_advantages(token_level_rewards, response_mask, index=None, config=None, *,
-                     extra_fields: Optional[Sequence[dict]] = None, **kwargs):
-    """GiGPO ``A^E + omega A^S`` on each turn's tokens, with :func:`gigpo_config`'s settings;
-    needs the agent loop's per-turn fields."""
-    if extra_fields is None:
-        raise ValueError("the gigpo estimator needs per-turn rewards and anchor states: run it with "
-                         "trainer.v1.trainer_mode=twice_envs and the twice_envs agent loop")
-    utilities, _, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
-    episodes = _episodes(utilities, _groups(index), turn_of, extra_fields, with_steps=True)
-    cfg = gigpo_config(config, [ep.env_id for ep in episodes])
-    per_turn = gigpo.gigpo_credit(episodes, cfg)
-    return _spread(per_turn, turn_of, response_mask)
+def method_settings(method: CreditMethod, config: Any):
+    """The method's settings from ``config.<prefix>`` (verl's ``algorithm`` section; the prefix of its
+    ``twice train`` flags); None for a method without settings."""
+    return None if method.config is None else settings(method.config, config, flag_prefix(method.config))
 
 
 @functools.lru_cache(maxsize=None)
 def step_advantages(method: CreditMethod):
-    """A verl estimator for a registered method that needs no auxiliary rollouts: the method's
-    own step on the episodes rebuilt from verl's rows, spread over each turn's tokens (one
-    function per method, so registering twice finds the same one)."""
+    """A verl estimator for a registered method that asks for no rollouts: the method's credit phase on the
+    episodes rebuilt from verl's rows, spread over each turn's tokens (one function per method, so
+    registering twice finds the same one)."""
     with_steps = "anchor_groups" in method.needs
 
     def advantages(token_level_rewards, response_mask, index=None, config=None, *,
@@ -260,41 +198,47 @@ def step_advantages(method: CreditMethod):
                              "trainer.v1.trainer_mode=twice_envs and the twice_envs agent loop")
         utilities, _, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
         episodes = _episodes(utilities, _groups(index), turn_of, extra_fields, with_steps=with_steps)
-        per_turn = method(episodes, CreditContext()).advantages
+        per_turn = run_credit(method, episodes, CreditContext(config=method_settings(method, config))).advantages
         return _spread(per_turn, turn_of, response_mask)
 
     advantages.__name__ = advantages.__qualname__ = f"{method.name}_advantages"
     return advantages
 
 
-def _entry_point(target: str):
-    module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+@functools.lru_cache(maxsize=None)
+def phase_advantages(method: CreditMethod):
+    """A verl estimator for a registered method that asks for rollouts: the per-turn advantages the trainer's
+    twin phase computed with the method's two phases (``twice_turn_credit``), spread over each turn's tokens
+    (0 on a row without it: the padding rows verl adds after the twin phase, whose response mask is 0)."""
+
+    def advantages(token_level_rewards, response_mask, index=None, config=None, *,
+                   extra_fields: Optional[Sequence[dict]] = None, **kwargs):
+        if extra_fields is None or all(ef.get(TURN_CREDIT) is None for ef in extra_fields):
+            raise ValueError(f"the {method.name} estimator needs the twin phase's per-turn credit: run it with "
+                             "trainer.v1.trainer_mode=twice_envs and the twice_envs agent loop")
+        utilities, _, turn_of = _rows(token_level_rewards, response_mask, extra_fields)
+        episodes = _episodes(utilities, _groups(index), turn_of, extra_fields)
+        per_turn = [_per_turn(extra_fields, b, TURN_CREDIT, len(ep.turns), 0.0) for b, ep in enumerate(episodes)]
+        return _spread(per_turn, turn_of, response_mask)
+
+    advantages.__name__ = advantages.__qualname__ = f"{method.name}_advantages"
+    return advantages
 
 
 def estimators() -> dict:
-    """Estimator name -> function for every registered credit method verl can run.
+    """Estimator name -> function for every registered credit method verl can serve (:func:`served`):
+    :func:`phase_advantages` for a method that asks for rollouts, :func:`step_advantages` for one that asks
+    for none.
 
-    A method that names its verl estimator (``verl=`` at registration, or in
-    :data:`EXTRA_ESTIMATORS`) gets it; one that needs no auxiliary rollouts (at most anchor
-    groups) is wrapped by :func:`step_advantages`; one that needs rollouts only the project's
-    loop runs (VinePPO's value rollouts) is left out.
-
-    A method registered with ``rollouts > 1`` (``grpo-2x``) is left out too: its difference is the
-    size of the factual batch, which verl chooses itself (``actor_rollout_ref.rollout.n``), not an
-    estimator, so under verl it is its base method with ``rollout.n`` set to ``rollouts`` times the
-    group size (GRPO (2x): ``algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=10``).
-    """
+    A method registered with ``rollouts > 1`` (``grpo-2x``) is left out: its difference is the size of the
+    factual batch, which verl chooses itself (``actor_rollout_ref.rollout.n``), not an estimator, so under
+    verl it is its base method with ``rollout.n`` set to ``rollouts`` times the group size (GRPO (2x):
+    ``algorithm.adv_estimator=grpo actor_rollout_ref.rollout.n=10``)."""
     out = {}
     for name in methods():
         m = get_method(name)
-        if m.rollouts > 1:
-            continue
-        target = m.verl or EXTRA_ESTIMATORS.get(name)
-        if target:
-            out[name] = _entry_point(target)
-        elif not (m.needs - {"anchor_groups"}):
-            out[name] = step_advantages(m)
+        if served(m):
+            out[name] = phase_advantages(m) if m.needs & FORK_NEEDS else step_advantages(m)
     return out
 
 

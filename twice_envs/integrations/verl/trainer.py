@@ -1,4 +1,4 @@
-"""verl V1 trainer that plans and runs each batch's twins and hands per-turn credit to the estimators.
+"""verl V1 trainer that runs each batch's auxiliary rollouts and hands per-turn credit to the estimators.
 
 :class:`TwinCreditTrainer` (registered as ``twice_envs``; select it with
 ``trainer.v1.trainer_mode=twice_envs``) is verl's synchronous trainer with two additions:
@@ -6,21 +6,20 @@
 * **Twin phase, right after generation.** verl's synchronous step samples the finished
   batch from its replay buffer and then puts the rollout replicas to sleep
   (``on_sample_end``). The trainer wraps the replay buffer so that, for a training batch
-  and an estimator that needs twins (``twice``, ``crr``, ``crr-added``), the sample is
-  followed at once, while the replicas are still awake, by the batch's twin phase
-  (:mod:`.twin_phase`): the factual episodes are rebuilt from the rows' ``extra_fields``,
-  branches are planned over the whole batch (one lambda: the expected accounted twin
-  tokens are ``beta`` x the batch's policy tokens), the twins are sent to the rollout
-  server through verl's LLM client (:meth:`get_llm_client`, the client the agent loops
-  use) with keyed ``extra_args``, the twin credit is computed and, for ``twice``, the
-  discordance predictor is fitted on the realised twins. Its diagnostics join the step's
-  metrics under ``twice/``.
+  and an estimator whose registered method asks for rollouts (:func:`~.estimators.runs_phase`:
+  twins, counterfactuals, value rollouts), the sample is followed at once, while the replicas
+  are still awake, by the batch's twin phase (:mod:`.twin_phase`): the factual episodes are
+  rebuilt from the rows' ``extra_fields``, the method plans over the whole batch (Twice: one
+  lambda, the expected accounted twin tokens ``beta`` x the batch's policy tokens), its requests
+  are sent to the rollout server through verl's LLM client (:meth:`get_llm_client`, the client
+  the agent loops use) with keyed ``extra_args``, and its credit phase gives each turn's
+  advantage and, for the twin methods, the discordance predictor fitted on the realised twins.
+  Its diagnostics join the step's metrics under ``twice/``.
 * **Advantage step.** verl's ``_compute_advantage`` fetches a fixed list of fields from the
   TransferQueue, so an estimator never sees ``extra_fields``. This one fetches them, adds
-  each row's twin results from the twin phase and calls the estimator with
-  ``extra_fields=``: ``A_t = A_traj + omega A_hat_t / sigma_hat`` (``twice``), ``U - U'``
-  at branched turns and ``A_traj`` elsewhere (``crr``), or GiGPO's ``A^E + omega A^S``.
-  Every other estimator goes through verl's own path.
+  each row's credit from the twin phase and calls the estimator with ``extra_fields=``
+  (:mod:`.estimators`: the twin phase's advantages, or the credit of a method that asks for no
+  rollouts, e.g. GiGPO's ``A^E + omega A^S``). Every other estimator goes through verl's own path.
 
 **Predictor state.** :attr:`TwinCreditTrainer.predictor_state` is fitted on batch ``k``'s
 twins and plans batch ``k + 1``; it is saved with each checkpoint
@@ -52,9 +51,9 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
 from twice_envs.agents.credit import predictor
-from twice_envs.agents.credit.twice import TwiceConfig
+from twice_envs.agents.credit.registry import get_method
 from twice_envs.integrations.verl import twin_phase as phases
-from twice_envs.integrations.verl.estimators import settings, verl_estimators
+from twice_envs.integrations.verl.estimators import method_settings, runs_phase, verl_estimators
 
 #: the ``trainer.v1.trainer_mode`` that selects :class:`TwinCreditTrainer`
 TRAINER_MODE = "twice_envs"
@@ -114,11 +113,20 @@ class TwinCreditTrainer(PPOTrainerSync):
         self.predictor_state = predictor.PredictorState()
         self._twin_rows: dict[str, dict] = {}
         self._llm_client = None
+        self._credit_method = None
+
+    def credit_method(self):
+        """``(method, settings)``: the estimator's registered method and its settings from
+        ``algorithm.<prefix>``, looked up once per run."""
+        if self._credit_method is None:
+            method = get_method(str(self.config.algorithm.adv_estimator))
+            self._credit_method = (method, method_settings(method, self.config.algorithm))
+        return self._credit_method
 
     @property
     def runs_twins(self) -> bool:
-        """Whether the configured estimator needs the twin phase."""
-        return self.config.algorithm.adv_estimator in phases.TWIN_METHODS
+        """Whether the configured estimator is a registered method whose requests need the twin phase."""
+        return runs_phase(str(self.config.algorithm.adv_estimator))
 
     # ------------------------------------------------------------------ the twin phase
 
@@ -135,15 +143,15 @@ class TwinCreditTrainer(PPOTrainerSync):
         return self._llm_client
 
     def twin_phase(self, batch) -> Optional[phases.TwinPhase]:
-        """Plan, run and score the twins of a sampled training batch; keep each row's results for the
-        advantage step and the fitted predictor state for the next batch. None when the batch is empty."""
+        """Run the method's two phases on a sampled training batch, its requests through verl's server; keep each
+        row's credit for the advantage step and the fitted predictor state for the next batch. None when the batch
+        is empty."""
         if not len(batch.keys):
             return None
-        method = str(self.config.algorithm.adv_estimator)
+        method, config = self.credit_method()
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["uid", "extra_fields"])
         extra = _as_dicts(data["extra_fields"])
         factual = phases.factual_batch(extra, _as_list(data["uid"]))
-        config = settings(TwiceConfig, self.config.algorithm, "twice")
         sampling = phases.batch_sampling(extra)
         update = max(int(self.global_steps) - 1, 0)
         state = self.predictor_state
