@@ -22,6 +22,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from transformers.utils import logging as hf_logging
+
+from twice_envs import progress
 from twice_envs.agents.models.build import build_tiny, ready_build
 from twice_envs.agents.models.dirs import (
     SMOLLM2_NAME,
@@ -92,7 +95,8 @@ def load_policy(name_or_path: str = TINY_NAME, *, backend: str = "hf", device: s
     path = check_model_dir(resolve_model_dir(name_or_path))
     if backend == "hf":
         torch_device(device)  # a device this machine lacks is not the folder's fault
-
+        # transformers' own loading bar follows the project's progress rule (a terminal, no --no-progress)
+        (hf_logging.enable_progress_bar if progress.enabled() else hf_logging.disable_progress_bar)()
         try:
             return HFPolicy.from_pretrained(path, device=device, **kwargs)
         except ImportError:
