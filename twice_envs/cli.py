@@ -27,10 +27,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rollout": ("twice_envs.agents.cli.rollout:rollout_main", "run an agent on an env and save episodes"),
     "train": ("twice_envs.agents.cli.train:train_main", "train an agent with a registered credit method"),
     "eval": ("twice_envs.agents.cli.train:eval_main", "greedy evaluation of a checkpoint"),
-    "audit": ("twice_envs.agents.lab.audit:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
+    "audit": ("twice_envs.agents.lab.cli:audit_main", "credit audit: wrong-sign rates against oracle advantages"),
     "plot": ("twice_envs.agents.lab.plots:plot_main", "plot learning curves of several runs"),
     "demo": ("twice_envs.agents.bench.demo:demo_main", "the main job: train GRPO and Twice on the embedded default"),
     "view": ("twice_envs.agents.view.cli:view_main", "write an HTML explorer of episodes, twins, curves and audits"),
+    "serve": ("twice_envs.integrations.openenv.cli:serve_main",
+              "serve an env through OpenEnv (WebSocket sessions; pip install 'twice-envs[openenv]')"),
     "check-gpu": ("twice_envs.agents.gpu_check.cli:check_gpu_main",
                   "check the keyed sampler and a build on a CUDA GPU (--bundle DIR: wheels for an offline machine)"),
 }
@@ -47,12 +49,14 @@ BENCHES: dict[str, str] = {
     "vec": "twice_envs.wrappers.vector_bench:main",
     "credit": "twice_envs.agents.bench.credit:main",
     "learn": "twice_envs.agents.bench.learn:main",
+    "coupling": "twice_envs.agents.bench.coupling:main",
     "keys": "twice_envs.agents.bench.keys:main",
     "ablations": "twice_envs.agents.bench.ablations:main",
     "games": "twice_envs.agents.bench.games:main",
     "cost": "twice_envs.agents.bench.cost:main",
     "overfit": "twice_envs.agents.bench.overfit:main",
     "update": "twice_envs.agents.bench.update:main",
+    "serve": "twice_envs.integrations.openenv.bench:main",
 }
 
 
