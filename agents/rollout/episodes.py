@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -220,8 +220,10 @@ def generate_in_batches(policy, requests: Sequence[GenerationRequest], sampling:
     return out  # type: ignore[return-value]
 
 
-def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int, by_length: bool = True) -> None:
-    """Generate and step every live episode until all are over (:func:`generate_in_batches` per step)."""
+def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int, by_length: bool = True,
+         progress: Optional[Callable[[int], None]] = None) -> None:
+    """Generate and step every live episode until all are over (:func:`generate_in_batches` per step);
+    ``progress(done)`` is called with the episodes over so far after each step."""
     active = [x for x in live if not x.env.done]
     for x in live:
         if x.env.done and x.record.trajectory is None:
@@ -232,6 +234,8 @@ def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int, b
         reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter) for x, k in zip(active, keys)]
         gens = generate_in_batches(policy, reqs, sampling, batch_size, by_length=by_length)
         active = [x for x, g, k in zip(active, gens, keys) if not _apply(policy, x, g, k, key_mode)]
+        if progress is not None:
+            progress(len(live) - len(active))
 
 
 def _make_env(env_id: str, env_kwargs: Optional[dict]):
@@ -241,7 +245,7 @@ def _make_env(env_id: str, env_kwargs: Optional[dict]):
 def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, sampling: SamplingConfig,
             env_kwargs: Optional[dict] = None, noise_seed: int = 0, max_turns: Optional[int] = None,
             system: Optional[str] = None, batch_size: int = 64, window: Optional[int] = None,
-            by_length: bool = True) -> list[EpisodeRecord]:
+            by_length: bool = True, progress: Optional[Callable[[int], None]] = None) -> list[EpisodeRecord]:
     """Run ``group_size`` episodes of every task; returns the records in group order.
 
     Episode ``j`` of group ``g`` gets the episode seed :func:`episode_noise_seed`
@@ -250,7 +254,8 @@ def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, samp
     Generation is batched across all live episodes (``batch_size`` rows per call, grouped by context
     length unless ``by_length`` is False: :func:`generate_in_batches`).
     ``window``: turns of history in the model's context (None: the whole episode); the
-    first prompt, which holds the task, is always kept.
+    first prompt, which holds the task, is always kept. ``progress(done)``, if given, is called
+    with the number of episodes over so far after each generation step.
     """
     window = check_window(window)
     if group_size < 1:
@@ -271,7 +276,7 @@ def rollout(policy, env_id: str, tasks: Sequence[Task], *, group_size: int, samp
             rec = EpisodeRecord(env_id=env.unwrapped.env_id, seed=int(task.seed), options=dict(task.options), group=g,
                                 prompt_ids=list(prompt), window=window)
             live.append(_Live(env, rec, list(prompt), cap, 0, tuple(env.unwrapped.protocol().stop)))
-    _run(policy, live, sampling, batch_size, by_length)
+    _run(policy, live, sampling, batch_size, by_length, progress)
     return [x.record for x in live]
 
 
