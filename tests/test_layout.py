@@ -13,6 +13,7 @@ import pytest
 
 import twice_envs
 from tests.toy_envs import CoinChain
+from twice_envs import layout_workers
 from twice_envs._deps import available
 from twice_envs.layout import LAYOUTS, LayoutMismatch, NoiseProbe, _fill, close_pools, drawn_action
 
@@ -147,15 +148,13 @@ def test_a_layout_that_hangs_is_reported_after_the_timeout(broken_ids):
 
 
 def test_different_noise_draws_are_found(monkeypatch):
-    from twice_envs import layout
-
-    original = layout.philox_words_np
+    original = layout_workers.philox_words_np
 
     def skewed(rows, vocab_size, token_ids=None):
         words = original(rows, vocab_size, token_ids)
         return words if threading.current_thread() is threading.main_thread() else words ^ np.uint32(1)
 
-    monkeypatch.setattr(layout, "philox_words_np", skewed)
+    monkeypatch.setattr(layout_workers, "philox_words_np", skewed)
     with pytest.raises(LayoutMismatch, match="drew different keyed noise in episode 0") as err:
         twice_envs.check_layout("CreditToy-v0", layouts=("thread",), noise=NoiseProbe(branches=1, lines=1, positions=2))
     assert err.value.turn == 0
