@@ -37,7 +37,11 @@ class TurnRecord:
         invalid: the env flagged the action as invalid.
         token_texts: the text of each generated token, decoded alone (empty where not recorded).
         token_keys: the noise key each generated token read, as ``[turn, branch, line, pos]``
-            (the key row after the episode seed, in the sampler's key mode; empty where not recorded).
+            (the key row after the episode seed, in the sampler's key mode; empty where not recorded,
+            and for a chosen turn, whose tokens were not sampled).
+        choice: for a turn chosen among the env's listed actions, the candidates, their scores, the
+            index drawn and its key (:class:`~twice_envs.agents.sampling.choice.Choice`); None for a
+            generated turn.
     """
 
     token_ids: list[int]
@@ -52,6 +56,7 @@ class TurnRecord:
     invalid: bool = False
     token_texts: list[str] = field(default_factory=list)
     token_keys: list[list[int]] = field(default_factory=list)
+    choice: Optional[dict] = None
 
     @property
     def num_tokens(self) -> int:

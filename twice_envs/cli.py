@@ -57,6 +57,7 @@ BENCHES: dict[str, str] = {
     "overfit": "twice_envs.agents.bench.overfit:main",
     "update": "twice_envs.agents.bench.update:main",
     "serve": "twice_envs.integrations.openenv.bench:main",
+    "choice": "twice_envs.agents.bench.choice:main",
 }
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 import twice_envs
+from twice_envs.agents.rollout.choice import turn_candidates
 from twice_envs.agents.rollout.context import (
     check_window,
     initial_prompt_ids,
@@ -156,6 +157,8 @@ def token_keys(policy, token_ids, key: NoiseKey, key_mode: str = "line", token_c
 def _apply(policy, live: _Live, gen: Generation, key: NoiseKey, key_mode: str = "line") -> bool:
     """Step the env with a generated turn and record it; returns whether the episode is over."""
     texts, keys = token_keys(policy, gen.token_ids, key, key_mode, live.token_counter, live.context)
+    if gen.choice is not None:  # chosen, not sampled: its tokens read no token keys
+        keys = []
     t0 = time.perf_counter()
     obs, reward, terminated, truncated, info = live.env.step(gen.text)
     TIMING["env_seconds"] += time.perf_counter() - t0
@@ -177,6 +180,7 @@ def _apply(policy, live: _Live, gen: Generation, key: NoiseKey, key_mode: str = 
             invalid=bool(info.get("invalid", False)),
             token_texts=texts,
             token_keys=keys,
+            choice=gen.choice,
         )
     )
     _advance(live, gen.token_ids, obs_ids)
@@ -231,7 +235,9 @@ def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int, b
     key_mode = getattr(sampling, "key_mode", "line")
     while active:
         keys = [NoiseKey(*x.env.last_info.get("noise_key", x.env.noise_key())) for x in active]
-        reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter) for x, k in zip(active, keys)]
+        chooses = getattr(policy, "chooses", False)
+        reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter,
+                                  turn_candidates(x.env) if chooses else None) for x, k in zip(active, keys)]
         gens = generate_in_batches(policy, reqs, sampling, batch_size, by_length=by_length)
         active = [x for x, g, k in zip(active, gens, keys) if not _apply(policy, x, g, k, key_mode)]
         if progress is not None:
@@ -347,7 +353,8 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
         stop = tuple(env.protocol().stop)
         prepared.append((r, ep, env, ctx, counter, key, stop, schedule))
         if r.action is None and r.alternative is None:
-            alt_reqs.append((i, GenerationRequest(ctx, key, stop, counter)))
+            cands = turn_candidates(env) if getattr(policy, "chooses", False) else None
+            alt_reqs.append((i, GenerationRequest(ctx, key, stop, counter, cands)))
 
     gens = generate_in_batches(policy, [q for _, q in alt_reqs], sampling, batch_size, by_length=by_length)
     alternatives: dict[int, Generation] = {i: g for (i, _), g in zip(alt_reqs, gens)}
@@ -372,12 +379,13 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
         cap = int(ep.info.get("turn_cap", len(ep.turns) if ep.truncated else 10**9))
         fact = ep.turns[r.turn]
         texts, keys = token_keys(policy, alt.token_ids, key, getattr(sampling, "key_mode", "line"), counter, ctx)
+        keys = [] if alt.choice is not None else keys  # a chosen turn's tokens read no token keys
         # the same tokens are the same sample; equal text from other tokens is not
         if detect_self_twins and r.coupled and list(alt.token_ids) == list(fact.token_ids):
             rec.self_twin = True
             rec.turns = [TurnRecord(list(alt.token_ids), list(alt.logprobs), alt.text, key, fact.obs,
                                     list(fact.obs_token_ids), fact.reward, fact.digest, alt.entropy, fact.invalid,
-                                    texts, keys)]
+                                    texts, keys, alt.choice)]
             rec.utility = ep.utility
             rec.trajectory = ep.trajectory
             rec.terminated, rec.truncated = ep.terminated, ep.truncated
@@ -396,7 +404,7 @@ def start_twins(policy, factual: Sequence[EpisodeRecord], requests: Sequence[Bra
         obs_ids = [] if over else observation_ids(policy.tokenizer, obs)
         rec.turns.append(TurnRecord(list(alt.token_ids), [float(v) for v in alt.logprobs], alt.text, key, obs, obs_ids,
                                     float(reward), info.get("digest", ""), float(alt.entropy),
-                                    bool(info.get("invalid", False)), texts, keys))
+                                    bool(info.get("invalid", False)), texts, keys, alt.choice))
         _advance(x, alt.token_ids, obs_ids)
         if over:
             _finish(x, info, terminated, truncated)

@@ -68,6 +68,9 @@ class GenerationRequest:
     """Strings that end the turn (the env's ``protocol().stop``)."""
     token_counter: int = 0
     """Tokens generated earlier in the episode (``key_mode="counter"``)."""
+    candidates: Optional[tuple[str, ...]] = None
+    """The turns to choose among, where the env lists them and the policy chooses
+    (:class:`~twice_envs.agents.sampling.choice.ChoicePolicy`); None: generate the turn."""
 
 
 @dataclass
@@ -86,6 +89,8 @@ class Generation:
     """``stop`` (a stop string), ``eos`` or ``length``."""
     reused_tokens: int = 0
     """Context tokens whose key/value cache was reused instead of recomputed."""
+    choice: Optional[dict] = None
+    """For a chosen turn, its :class:`~twice_envs.agents.sampling.choice.Choice` as a dict; None for a generated one."""
 
 
 class Policy(Protocol):
