@@ -58,7 +58,8 @@ class DemoConfig:
     lab_groups: int = 120
     """Lab audit: GRPO groups of five SearchToy episodes (about five decisions each)."""
     lab_pairs: tuple = (1,)
-    """Lab audit: ``J`` values for Twice and CRR (the summary uses ``J = 1``: the same cost for both)."""
+    """Lab audit: ``J`` values for Twice and CRR (the summary uses ``J = 1``: one twin per decision for both;
+    Twice's self-twins cost nothing)."""
     learn_shuffles: tuple = (0.0, 1.0)
     """Learning: ChoiceLab's ``shuffle`` at the strongly and the weakly coupled end."""
     learn_seeds: int = 6

@@ -120,7 +120,7 @@ def lines(s: Summary) -> list[str]:
         tail = ""
         if "lab_wrong_sign_times_less" in f:
             g = f["lab_wrong_sign_times_less"]
-            tail = f": at the same cost, {g.text()} times less often ({g.verdict()})"
+            tail = f": one twin per decision each, {g.text()} times less often ({g.verdict()})"
         out.append(f"  one independent counterfactual (CRR) on {f['lab_crr_wrong_sign'].text()} %{tail}.")
     if "lab_rho_bar" in f:
         worth = (f", so one coupled twin is worth\n  about {f['lab_coupling_worth'].text()} independent ones "
