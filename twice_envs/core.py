@@ -42,23 +42,25 @@ The base class does everything the contract needs around them:
 
 Every ``info`` holds ``turn`` (actions taken so far), ``noise_key``, ``invalid`` and
 ``digest``; envs with a finite action set add ``admissible_actions``.
+
+:class:`Protocol` and :class:`TextSpace` live in :mod:`twice_envs.protocol`; :func:`state_digest`,
+:func:`check_turn` and :func:`twin_step` in :mod:`twice_envs.forks`. All stay importable from here.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import hashlib
-import io
-import pickle
-from dataclasses import dataclass
 from typing import Any, Optional, SupportsFloat
 
 import gymnasium
-import numpy as np
 
 from twice_envs.errors import EnvClosedError, ReplayDivergence, TwiceError
+
+# Re-exported: envs, wrappers and integrations import these from here (twin_step is not used here).
+from twice_envs.forks import check_turn, state_digest, twin_step  # noqa: F401
 from twice_envs.keys import NoiseKey, NoiseSchedule, check_seed, derive_episode_seed, draw_seed
+from twice_envs.protocol import Protocol, TextSpace
 from twice_envs.registry import make
 from twice_envs.trajectory import Trajectory, canonical_json, reset_digest, step_digest
 
@@ -66,99 +68,6 @@ from twice_envs.trajectory import Trajectory, canonical_json, reset_digest, step
 BASE_OPTIONS = ("noise_seed",)
 
 EPISODE_OVER = "The episode is over. Call reset() to start a new one."
-
-
-def state_digest(state: Any) -> Optional[str]:
-    """What a restore of a :meth:`TextEnv._snapshot` value is verified against.
-
-    ``None`` for an immutable (hashable) state: nothing can change it after the
-    snapshot, so the restored state is compared with the snapshot value itself, which
-    costs next to nothing. A mutable state (lists, dicts) is digested now, from its
-    canonical JSON, or its pickle when it is not JSON data: a later change to it (a
-    restore that shares it with the env, which then mutates it) shows up as a
-    mismatch. Digests are compared only within one process.
-    """
-    try:
-        hash(state)
-        return None
-    except TypeError:
-        pass
-    try:
-        data = canonical_json(state).encode()
-    except (TypeError, ValueError):
-        data = _pickle_by_value(state)
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-def _pickle_by_value(state: Any) -> bytes:
-    # Without the memo, an object reached twice is written twice: equal states give
-    # equal bytes whether or not they share sub-objects (a restore may copy them).
-    buf = io.BytesIO()
-    pickler = pickle.Pickler(buf, protocol=4)
-    pickler.fast = True
-    try:
-        pickler.dump(state)
-    except (ValueError, RecursionError):  # a cyclic state: fall back to the memo
-        return pickle.dumps(state, protocol=4)
-    return buf.getvalue()
-
-
-def check_turn(turn: Any, num_turns: int, what: str = "fork") -> int:
-    """``turn`` as an int in ``0..num_turns`` (a turn of an episode with ``num_turns`` actions)."""
-    if isinstance(turn, bool) or not isinstance(turn, (int, np.integer)):
-        raise TypeError(f"{what}(turn) takes an int, got {type(turn).__name__} {turn!r}")
-    if not 0 <= turn <= num_turns:
-        raise ValueError(
-            f"{what}({turn}) is outside this episode: it has {num_turns} actions, "
-            f"so turn must be in 0..{num_turns}"
-        )
-    return int(turn)
-
-
-@dataclass(frozen=True)
-class Protocol:
-    """How an agent talks to an env.
-
-    Attributes:
-        instructions: text that explains the action format (already part of the first
-            observation where the env's protocol says so).
-        stop: strings that end an agent's turn; generation stops after the first one.
-        action_format: a one-line summary of a well-formed action.
-    """
-
-    instructions: str
-    stop: tuple[str, ...] = ()
-    action_format: str = ""
-
-
-class TextSpace(gymnasium.spaces.Text):
-    """Any Python string up to ``max_length`` characters (all of Unicode, not a charset)."""
-
-    def __init__(self, max_length: int = 1 << 20, seed: Optional[int] = None) -> None:
-        super().__init__(max_length=max_length, min_length=0, seed=seed)
-
-    def contains(self, x: Any) -> bool:
-        return isinstance(x, str) and len(x) <= self.max_length
-
-    def __repr__(self) -> str:
-        return f"TextSpace(max_length={self.max_length})"
-
-
-def twin_step(
-    env: Any, action: str, noise_keys: NoiseSchedule | int | dict, *, branch: int = 1
-) -> tuple[NoiseKey, tuple]:
-    """Take a twin's alternative ``action`` on ``env`` (at turn ``t``) as ``branch`` of ``noise_keys``.
-
-    Binds ``noise_keys`` with turn ``t`` on ``branch``, so every later turn reports the
-    factual key, then steps. Returns the alternative turn's key base and the step's
-    5-tuple. :class:`twice_envs.wrappers.TwinEnv` wraps this; the checker uses it directly.
-    """
-    if isinstance(branch, bool) or not isinstance(branch, (int, np.integer)) or branch < 1:
-        raise ValueError(f"a twin's branch must be an int >= 1 (0 is the factual episode), got {branch!r}")
-    turn = env.turn
-    bound = NoiseSchedule.coerce(noise_keys).with_branch(turn, int(branch))
-    env.set_noise_schedule(bound)
-    return bound.key(turn), env.step(action)
 
 
 def _marking_closed(close: Any) -> Any:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from twice_envs.envs.searchqa import bm25
+from twice_envs.envs.searchqa import bm25, bm25_maxscore
 from twice_envs.envs.searchqa.bm25 import BM25Index, BM25Params, build_index
 
 WORDS = ["harbour", "lantern", "copper", "bell", "river", "founded", "born", "town", "guild", "atlas", "meridian",
@@ -64,13 +64,13 @@ def test_pruned_equals_exhaustive_on_ties_and_repeats(tie_index, monkeypatch, mo
         monkeypatch.setattr(bm25._MaxScore, "_spend", lambda self, work: None)
     if mode == "give_up_at_once":
         monkeypatch.setattr(bm25, "UNION_POSTINGS", 0)
-        monkeypatch.setattr(bm25, "BATCH_UNITS", 10**12)
+        monkeypatch.setattr(bm25_maxscore, "BATCH_UNITS", 10**12)
     if mode == "tiny_batches":  # many buckets and chunks, seeds of one block
         monkeypatch.setattr(bm25, "UNION_POSTINGS", 0)
         monkeypatch.setattr(bm25._MaxScore, "_spend", lambda self, work: None)
-        monkeypatch.setattr(bm25, "REFINE", 2)
-        monkeypatch.setattr(bm25, "SEED_BLOCKS_MAX", 1)
-        monkeypatch.setattr(bm25, "SEED_BLOCKS", 1)
+        monkeypatch.setattr(bm25_maxscore, "REFINE", 2)
+        monkeypatch.setattr(bm25_maxscore, "SEED_BLOCKS_MAX", 1)
+        monkeypatch.setattr(bm25_maxscore, "SEED_BLOCKS", 1)
     ix = tie_index
     for q, k in _random_queries(ix, 300, {"default": 0, "always_prune": 1, "never_give_up": 2, "give_up_at_once": 3,
                                           "tiny_batches": 4}[mode]):

@@ -16,7 +16,7 @@ An index is one folder of ``.npy`` files plus ``meta.json``:
   ``vocab_table.npy`` (int32 or int64, a power of two long): the terms as UTF-8 in
   term-id order, and an open-addressing hash table (linear probing, ``-1`` = empty)
   from a term's bytes to its id, so a lookup costs a few array reads and no process
-  holds the vocabulary as Python objects.
+  holds the vocabulary as Python objects (the table and its lookups: :mod:`.bm25_vocab`).
 * ``meta.json`` (written last): the format version, the sizes, the parameters, and for
   every file its dtype, shape, size in bytes and CRC-32 checksums.
 
@@ -53,6 +53,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from twice_envs._cache import read_json
+from twice_envs.envs.searchqa.bm25_vocab import Vocabulary, _build_table, _encode
 from twice_envs.errors import DataFormatError
 
 #: Bump when any file's layout or meaning changes (part of the cache key; checked on open).
@@ -81,7 +82,6 @@ FILES = {
     "vocab_table.npy": None,
 }
 
-_HASH_MUL = 0x9E3779B1
 _MAX_DOCS = (1 << 31) - 1
 
 
@@ -106,90 +106,6 @@ def crc_sample(arr: np.ndarray) -> int:
         a = (n - SAMPLE_WINDOW) * i // (SAMPLE_WINDOWS - 1)
         crc = zlib.crc32(buf[a : a + SAMPLE_WINDOW], crc)
     return crc & 0xFFFFFFFF
-
-
-# ----------------------------------------------------------------------------- vocabulary
-def _slot(term: bytes, shift: int) -> int:
-    return ((zlib.crc32(term) * _HASH_MUL) & 0xFFFFFFFF) >> shift
-
-
-def _encode(term: str) -> bytes:
-    return term.encode("utf-8", "surrogatepass")
-
-
-class Vocabulary:
-    """Term -> id over the memory-mapped vocabulary files (see the module docstring)."""
-
-    def __init__(self, blob: np.ndarray, offsets: np.ndarray, table: np.ndarray, max_probe: int, cache_items: int = 1 << 16) -> None:
-        self._mv = memoryview(blob) if len(blob) else memoryview(b"")
-        self._offsets = offsets
-        self._table = table
-        self._mask = len(table) - 1
-        self._shift = 32 - (len(table).bit_length() - 1)
-        self._probes = int(max_probe) + 1
-        self._cache: dict[str, int] = {}
-        self._cache_items = cache_items
-
-    def __len__(self) -> int:
-        return len(self._offsets) - 1
-
-    def term(self, tid: int) -> str:
-        a, b = int(self._offsets[tid]), int(self._offsets[tid + 1])
-        return bytes(self._mv[a:b]).decode("utf-8", "surrogatepass")
-
-    def get(self, term: str) -> Optional[int]:
-        """The id of ``term``, or None if the index has no such term."""
-        tid = self._cache.get(term)
-        if tid is not None:
-            return tid if tid >= 0 else None
-        key = _encode(term)
-        s = _slot(key, self._shift)
-        table, offsets, mv, n = self._table, self._offsets, self._mv, len(key)
-        tid = -1
-        for _ in range(self._probes):  # never more than the longest probe the builder made
-            cand = int(table[s])
-            if cand < 0:
-                break
-            a = int(offsets[cand])
-            if int(offsets[cand + 1]) - a == n and mv[a : a + n] == key:
-                tid = cand
-                break
-            s = (s + 1) & self._mask
-        if len(self._cache) >= self._cache_items:
-            self._cache.clear()
-        self._cache[term] = tid
-        return tid if tid >= 0 else None
-
-    def __contains__(self, term: str) -> bool:
-        return self.get(term) is not None
-
-
-def _build_table(hashes: np.ndarray) -> tuple[np.ndarray, int]:
-    """Open-addressing table of ids by home slot ``hashes`` (linear probing); returns (table, longest probe)."""
-    n = len(hashes)
-    bits = max(1, int(2 * max(n, 1) - 1).bit_length())  # size >= 2n: load factor <= 1/2
-    size = 1 << bits
-    if bits > 32:
-        raise ValueError(f"a vocabulary of {n} terms is too large")
-    itype = np.int32 if size <= (1 << 31) else np.int64
-    table = np.full(size, -1, dtype=itype)
-    slots = (((hashes.astype(np.uint64) * np.uint64(_HASH_MUL)) & np.uint64(0xFFFFFFFF)) >> np.uint64(32 - bits)).astype(itype)
-    pending = np.arange(n, dtype=itype)
-    home = slots.copy()
-    while len(pending):
-        s = slots[pending]
-        free = table[s] < 0
-        # of the pending ids whose slot is free, the lowest id per slot takes it
-        fs, first = np.unique(s[free], return_index=True)
-        winners = pending[free][first]
-        table[fs] = winners
-        placed = np.zeros(len(pending), dtype=bool)
-        placed[np.flatnonzero(free)[first]] = True
-        moved = pending[~free]  # their slot was taken before this round: probe the next one
-        slots[moved] = (slots[moved] + 1) & (size - 1)
-        pending = pending[~placed]
-    longest = int(((slots - home) & (size - 1)).max()) if n else 0
-    return table, longest
 
 
 # ----------------------------------------------------------------------------- writing
