@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from twice_envs.agents.sampling.policy import SamplingConfig, _cache_layers, _make_cache
+from twice_envs.agents.sampling.policy import SamplingConfig, _cache_layers, _make_cache, stacked_prefix_cache
 from twice_envs.noise import sampling_logprobs
 
 
@@ -205,19 +205,7 @@ def _score_packed(policy, ctxs: list[list[int]], cands: list[list[list[int]]], t
         allowed[b, r: q_len[b], c_max: c_max + r] = True
         allowed[b, r: q_len[b], c_max + r: c_max + q_len[b]] = trie.sees()
         allowed[b, q_len[b]:, 0] = True  # padding sees one column (its output is never read)
-    cache = None
-    if c_max:
-        ref = next(h[1] for h in hits if h[1] is not None)
-        layers = []
-        for li, (k_ref, _) in enumerate(ref):
-            kk = torch.zeros((n, k_ref.shape[0], c_max, k_ref.shape[-1]), dtype=k_ref.dtype, device=dev)
-            vv = torch.zeros_like(kk)
-            for b, (cl, kv) in enumerate(hits):
-                if cl:
-                    kk[b, :, c_max - cl:] = kv[li][0]
-                    vv[b, :, c_max - cl:] = kv[li][1]
-            layers.append((kk, vv))
-        cache = _make_cache(layers)
+    cache = stacked_prefix_cache(hits, c_max, dev)
     logits, cache = model_forward(policy, ids.to(dev), _mask(policy, allowed[:, None]), pos.to(dev), cache, 0)
     full = _cache_layers(cache)
     policy.stats.prefill_tokens += sum(q_len)

@@ -133,6 +133,24 @@ def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]):
     return cache
 
 
+def stacked_prefix_cache(hits: Sequence[tuple[int, Any]], c_max: int, device):
+    """One batch cache of the kept prefixes ``hits`` (``(length, layers)`` per row, ``layers`` None
+    where nothing was kept), each left-padded to ``c_max`` positions; None when ``c_max`` is 0."""
+    if not c_max:
+        return None
+    layers = []
+    ref = next(h[1] for h in hits if h[1] is not None)
+    for li, (k_ref, _) in enumerate(ref):
+        kk = torch.zeros((len(hits), k_ref.shape[0], c_max, k_ref.shape[-1]), dtype=k_ref.dtype, device=device)
+        vv = torch.zeros_like(kk)
+        for b, (cl, kv) in enumerate(hits):
+            if cl:
+                kk[b, :, c_max - cl:] = kv[li][0]
+                vv[b, :, c_max - cl:] = kv[li][1]
+        layers.append((kk, vv))
+    return _make_cache(layers)
+
+
 class PrefixCache:
     """Kept key/value caches of contexts, looked up by longest matching prefix.
 
@@ -350,20 +368,7 @@ class HFPolicy:
             mask[b, width - len(rest[b]):] = 1
             ids[b, r_max - len(rest[b]):] = torch.tensor(rest[b], dtype=torch.long)
         pos_all = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = None
-        if c_max:
-            layers = []
-            ref = next(h[1] for h in hits if h[1] is not None)
-            for li, (k_ref, _) in enumerate(ref):
-                h, d = k_ref.shape[0], k_ref.shape[-1]
-                kk = torch.zeros((n, h, c_max, d), dtype=k_ref.dtype, device=dev)
-                vv = torch.zeros_like(kk)
-                for b, (cl, kv) in enumerate(hits):
-                    if cl:
-                        kk[b, :, c_max - cl:] = kv[li][0]
-                        vv[b, :, c_max - cl:] = kv[li][1]
-                layers.append((kk, vv))
-            cache = _make_cache(layers)
+        cache = stacked_prefix_cache(hits, c_max, dev)
         mask_d = mask.to(dev)
         logits, cache = self._forward(ids.to(dev), mask_d, pos_all[:, c_max:].to(dev), cache)
         next_pos = pos_all[:, -1] + 1
