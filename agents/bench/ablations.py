@@ -47,6 +47,7 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs import progress
 from twice_envs.agents import stats as cs
 from twice_envs.agents.bench import learn, tuning
 from twice_envs.agents.credit import twice
@@ -199,7 +200,7 @@ def learning_runs(env: str, config: AblationConfig, seeds: Sequence[int], log=la
         log(f"{env} step sizes: " + ", ".join(f"{row} {t.lr:g}" for row, t in tuned.items()))
     lrs = {row: tuned[row].lr if tuned else config.lr for row in config.rows}
     runs = [learn.Run("twice", s, lrs[row], arms[row][1], arms[row][2]) for row in config.rows for s in seeds]
-    flat = learn.train_many(runs, config.jobs)
+    flat = learn.train_many(runs, config.jobs, "ablation runs")
     return {row: {"lr": lrs[row], "tuning": tuned[row].as_dict() if tuned else None,
                   "curves": [flat[i * len(seeds) + k].values for k in range(len(seeds))]}
             for i, row in enumerate(config.rows)}
@@ -340,7 +341,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=2, help="processes the learning runs spread over (default 2)")
     p.add_argument("--out", default="runs/bench_ablations")
+    progress.add_argument(p)
     a = p.parse_args(argv)
+    progress.apply(a)
     try:
         cfg = AblationConfig(envs=tuple(a.envs), rows=tuple(a.rows), seeds=a.seeds, audit_groups=a.audit_groups,
                              updates=a.updates, groups=a.groups, beta=a.beta, seed=a.seed, jobs=a.jobs,

@@ -29,6 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs import progress
 from twice_envs.agents import stats as cs
 from twice_envs.agents.bench.output import stderr_log, write_json
 from twice_envs.agents.credit.registry import CreditContext, check_env, factual_group_size, get_method, run_credit
@@ -203,7 +204,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--questions", type=int, default=d.questions, help="tasks per update (labs: groups per batch)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default="runs/bench_cost")
+    progress.add_argument(p)
     a = p.parse_args(argv)
+    progress.apply(a)
     if a.updates <= a.skip:
         p.error(f"--updates ({a.updates}) must exceed --skip ({a.skip})")
     methods = a.methods if a.methods is not None else [m for m in registered_methods() if _serves(m, a.env)]

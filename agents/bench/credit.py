@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +35,8 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs import progress
+from twice_envs.agents.bench.output import stderr_log
 from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.lab.audit import run_audit
@@ -65,7 +66,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--skip-training", action="store_true")
     p.add_argument("--model", default="tiny", help="tiny, smollm2-135m or a model directory")
     p.add_argument("--max-new-tokens", type=int, default=None, help="tokens per turn at most (default: the CPU default, 128)")
+    progress.add_argument(p)
     a = p.parse_args(argv)
+    progress.apply(a)
 
     q = a.quick
     updates = a.updates or (3 if q else 30)
@@ -74,7 +77,7 @@ def main(argv: Sequence[str]) -> int:
     oracle = a.oracle_rollouts or (2 if q else 64)
     out = Path(a.out)
     t0 = time.time()
-    log = lambda m: print(f"[bench credit {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)  # noqa: E731
+    log = stderr_log("credit")
     fig: dict = {}
 
     log("audit on CreditToy-v0 (exact advantages, keyed categorical policy)")
@@ -126,7 +129,7 @@ def main(argv: Sequence[str]) -> int:
             log(f"training {method}: {updates} updates")
             credit = get_method(method).settings(twice_settings)
             runs[method] = train(replace(base, method=method, credit=credit, out_dir=str(out / method)),
-                                 progress=False, policy=load_policy(a.model), eval_before=True)
+                                 progress=progress.enabled(), policy=load_policy(a.model), eval_before=True)
         evals = {}
         for m in runs:
             rows0 = [json.loads(l) for l in (out / m / "metrics.jsonl").read_text().splitlines() if l.strip()]

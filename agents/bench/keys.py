@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
+from twice_envs import progress
 from twice_envs.agents.lab.policies import add_setting_args, text_setting_from_args
 from twice_envs.agents.lab.text_lab import format_measurements, key_layout_rho, ngram_bias
 from twice_envs.trajectory import atomic_write_text
@@ -31,16 +30,18 @@ def main(argv: Sequence[str]) -> int:
                    help="trajectory summary of the TV (default outcome: turns taken and facts found)")
     p.add_argument("--out", default=None, help="also write keys.json in this folder")
     add_setting_args(p)
+    progress.add_argument(p)
     a = p.parse_args(argv)
+    progress.apply(a)
     try:
         setting = text_setting_from_args(a)
     except ValueError as exc:
         p.error(str(exc))
-    t0 = time.time()
-    rho = key_layout_rho(setting, a.groups, a.seed, n_boot=a.n_boot)
-    print(f"[{time.time() - t0:5.0f}s] rho-bar done", file=sys.stderr, flush=True)
-    tv = ngram_bias(setting, a.tv_groups, a.seed, n_boot=a.n_boot, summary=a.summary)
-    print(f"[{time.time() - t0:5.0f}s] TV done", file=sys.stderr, flush=True)
+    with progress.Progress("bench keys: rho-bar, then the n-gram TV", 2, unit="stages") as bar:
+        rho = key_layout_rho(setting, a.groups, a.seed, n_boot=a.n_boot)
+        bar.update()
+        tv = ngram_bias(setting, a.tv_groups, a.seed, n_boot=a.n_boot, summary=a.summary)
+        bar.update()
     print(format_measurements(rho, tv, a.summary), end="")
     if a.out:
         out = Path(a.out)

@@ -44,6 +44,7 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import numpy as np
 import torch
 
+from twice_envs import progress
 from twice_envs.agents import stats as cs
 from twice_envs.agents.bench import tuning
 from twice_envs.agents.bench.output import stderr_log
@@ -212,14 +213,24 @@ def _train(run: Run) -> RunTrace:
     return train_one(run.method, run.seed, run.config, lr=run.lr, twice_config=run.twice_config)
 
 
-def train_many(runs: Sequence[Run], jobs: int = 1) -> list[RunTrace]:
+def train_many(runs: Sequence[Run], jobs: int = 1, what: str = "training runs") -> list[RunTrace]:
     """:func:`train_one` of every run, in order: in this process, or with ``jobs > 1`` in up to that
-    many spawned processes at once (each run is seeded on its own, so the traces are the same)."""
-    if jobs <= 1 or len(runs) <= 1:
-        return [_train(r) for r in runs]
-    spawn = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=spawn) as pool:
-        return list(pool.map(_train, runs))
+    many spawned processes at once (each run is seeded on its own, so the traces are the same). Shows
+    the runs done and the time left (:mod:`twice_envs.progress`), labelled ``what``."""
+    out: list[RunTrace] = []
+    with progress.Progress(what, len(runs), unit="runs") as bar:
+        if jobs <= 1 or len(runs) <= 1:
+            return _collect(map(_train, runs), out, bar)
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=spawn) as pool:
+            return _collect(pool.map(_train, runs), out, bar)
+
+
+def _collect(traces, out: list, bar: progress.Progress) -> list:
+    for t in traces:
+        out.append(t)
+        bar.update()
+    return out
 
 
 def tune_runs(arms: dict, grid: Sequence[float], seeds: Sequence[int], max_widen: int, jobs: int = 1) -> dict:
@@ -228,7 +239,7 @@ def tune_runs(arms: dict, grid: Sequence[float], seeds: Sequence[int], max_widen
 
     def score_many(pairs: list) -> list:
         runs = [Run(arms[k][0], s, lr, arms[k][1], arms[k][2]) for k, lr in pairs for s in seeds]
-        areas = [tuning.area(t.values) for t in train_many(runs, jobs)]
+        areas = [tuning.area(t.values) for t in train_many(runs, jobs, "tuning runs")]
         return [areas[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(pairs))]
 
     return tuning.tune_all(score_many, list(arms), grid, max_widen)
@@ -276,7 +287,7 @@ def run_learn(config: LearnConfig, *, log=lambda m: None) -> dict:
             log(f"{m}: lr {t.lr:g} (tuning area {np.mean(t.scores[t.lr]):.3f})")
     lrs = {m: tuned[m].lr if tuned else config.lr for m in config.methods}
     seeds = [config.seed + s for s in range(config.seeds)]
-    flat = train_many([Run(m, s, lrs[m], config) for m in config.methods for s in seeds], config.jobs)
+    flat = train_many([Run(m, s, lrs[m], config) for m in config.methods for s in seeds], config.jobs, "reporting runs")
     traces = {m: flat[i * len(seeds):(i + 1) * len(seeds)] for i, m in enumerate(config.methods)}
     curves = {m: np.array([tr.values for tr in traces[m]]) for m in config.methods}
     areas = {m: [tuning.area(row) for row in c] for m, c in curves.items()}
@@ -417,7 +428,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--jobs", type=int, default=2, help="processes the runs spread over (default 2)")
     p.add_argument("--out", default="runs/bench_learn")
     add_setting_args(p)
+    progress.add_argument(p)
     a = p.parse_args(argv)
+    progress.apply(a)
     if "grpo" not in a.methods:
         p.error("--methods must include grpo (the reference of the paired differences)")
     try:

@@ -8,13 +8,22 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from twice_envs import progress
 from twice_envs.trajectory import atomic_write_text
 
 
 def stderr_log(bench: str) -> Callable[[str], None]:
-    """A logger printing ``[bench NAME  SECONDSs] message`` to stderr, seconds counted from now."""
+    """A logger printing ``[bench NAME  SECONDSs] message`` to stderr, seconds counted from now.
+
+    It follows the progress rule (:func:`twice_envs.progress.enabled`): lines show on a terminal
+    only, never under ``--no-progress`` or ``TWICE_PROGRESS=0``; the results go to stdout and files."""
     t0 = time.time()
-    return lambda m: print(f"[bench {bench} {time.time() - t0:5.0f}s] {m}", file=sys.stderr, flush=True)
+
+    def log(message: str) -> None:
+        if progress.enabled():
+            print(f"[bench {bench} {time.time() - t0:5.0f}s] {message}", file=sys.stderr, flush=True)
+
+    return log
 
 
 def write_json(out_dir: str | Path, name: str, result: dict) -> Path:

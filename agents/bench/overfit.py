@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs import progress
 from twice_envs.agents.bench.output import stderr_log, write_json
 from twice_envs.agents.stats import wilson
 
@@ -120,7 +121,9 @@ def main(argv: Sequence[str]) -> int:
                         ("updates", int), ("window", int), ("seed", int)):
         p.add_argument("--" + field.replace("_", "-"), type=kind, default=getattr(d, field))
     p.add_argument("--out", default="runs/bench_overfit")
+    progress.add_argument(p)
     a = p.parse_args(argv)
+    progress.apply(a)
     if a.tasks > a.screen or min(a.tasks, a.group_size, a.window, a.updates) < 1:
         p.error("--tasks, --group-size, --window and --updates must be >= 1, and --tasks at most --screen")
     cfg = OverfitConfig(**{k: getattr(a, k) for k in asdict(d)})

@@ -21,6 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
+from twice_envs import progress
 from twice_envs.agents.bench.output import stderr_log, write_json
 from twice_envs.agents.models.load import load_policy, shipped_model_config
 from twice_envs.agents.models.recipes import model_for_env
@@ -75,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="noise seed of the rollout")
     parser.add_argument("--out", default="runs/bench_update", help="folder of update.json")
     parser.add_argument("--quick", action="store_true", help="2 tasks x 2 episodes, 2 repeats")
+    progress.add_argument(parser)
     args = parser.parse_args(argv)
+    progress.apply(args)
     if args.quick:
         args.tasks, args.group, args.repeats = 2, 2, 2
     for flag in ("tasks", "group", "micro_batch", "repeats", "threads", "max_turns"):

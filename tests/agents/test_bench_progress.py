@@ -1,0 +1,51 @@
+"""Every long ``twice bench`` command follows the progress rule: a ``--no-progress`` flag, lines on a
+terminal only, and the learning benches' runs counted with the time left."""
+
+import importlib
+
+import pytest
+
+from twice_envs import progress
+from twice_envs.agents.bench import learn
+from twice_envs.agents.bench.output import stderr_log
+from twice_envs.cli import BENCHES
+
+#: Benches that run longer than about 10 s at their defaults.
+LONG = ("learn", "ablations", "cost", "overfit", "update", "keys", "choice", "coupling", "games", "credit")
+
+
+@pytest.fixture(autouse=True)
+def default_rule(monkeypatch):
+    monkeypatch.delenv("TWICE_PROGRESS", raising=False)
+    progress.set_enabled(None)
+    yield
+    progress.set_enabled(None)
+
+
+@pytest.mark.parametrize("name", LONG)
+def test_each_long_bench_takes_no_progress(name, capsys):
+    module, func = BENCHES[name].split(":")
+    with pytest.raises(SystemExit) as exc:
+        getattr(importlib.import_module(module), func)(["--help"])
+    assert exc.value.code == 0
+    assert "--no-progress" in capsys.readouterr().out
+
+
+def test_bench_log_lines_follow_the_progress_rule(capsys):
+    progress.set_enabled(False)
+    stderr_log("learn")("tuning 4 methods")
+    assert capsys.readouterr().err == ""
+    progress.set_enabled(True)
+    stderr_log("learn")("tuning 4 methods")
+    assert "[bench learn" in capsys.readouterr().err
+
+
+def test_training_runs_are_counted_with_the_time_left(monkeypatch, capsys):
+    monkeypatch.setattr(learn, "_train", lambda run: run)
+    progress.set_enabled(True)
+    assert learn.train_many([1, 2, 3], jobs=1, what="tuning runs") == [1, 2, 3]
+    err = capsys.readouterr().err
+    assert "tuning runs: 3/3 runs (100%)" in err and err.endswith("\n")
+    progress.set_enabled(False)
+    assert learn.train_many([4, 5], jobs=1) == [4, 5]
+    assert capsys.readouterr().err == ""
