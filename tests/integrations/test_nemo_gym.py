@@ -1,5 +1,5 @@
 """NeMo Gym's GymnasiumServer protocol over twice envs: seeded sessions, and restore by validated replay
-(nemo-gym 0.7 itself needs Python >= 3.13.14, so its server class is checked only where it installs)."""
+(the server class itself, over HTTP, in test_nemo_gym_server.py, where nemo-gym installs: tests/sidecar/nemo_gym.sh)."""
 
 import asyncio
 import copy

@@ -5,7 +5,8 @@ NeMo Gym 0.7's ``resources_servers.gymnasium.GymnasiumServer`` calls two async m
 (observation, reward, terminated, truncated, info)``, where ``action`` is the model's response (its
 output text is the env action) and ``metadata`` the extra fields of the request. :class:`TwiceGymSessions`
 implements exactly these for any registered env id, one env per session; :func:`server_class`
-subclasses NeMo Gym's ``GymnasiumServer`` with them where nemo-gym is installed (it needs Python >= 3.13.14).
+subclasses NeMo Gym's ``GymnasiumServer`` with them where nemo-gym is installed (it declares Python >= 3.13.14;
+``tests/sidecar/nemo_gym.sh`` runs it on Python 3.13).
 
 Reset metadata: ``seed`` (an int; the same seed gives the same first observation in every session and
 process) and ``options`` (the env's reset options), or ``restore`` (a record). Any other key is refused
@@ -134,18 +135,29 @@ class TwiceGymSessions:
 
 
 def server_class(env_id: str, env_kwargs: Optional[dict] = None) -> type:
-    """NeMo Gym's ``GymnasiumServer`` serving ``env_id`` (needs ``nemo-gym``, Python >= 3.13.14)."""
+    """NeMo Gym's ``GymnasiumServer`` serving ``env_id`` (needs ``nemo-gym``, which declares Python >= 3.13.14).
+
+    A reset or step the session refuses (:class:`SessionError`, a tampered or foreign restore record,
+    an action the env cannot take) answers HTTP 400 with the reason as its ``detail``; the server and
+    its other sessions go on."""
     base = require("resources_servers.gymnasium", "nemo-gym", "the NeMo Gym server").GymnasiumServer
+    http_error = require("fastapi", "nemo-gym", "the NeMo Gym server").HTTPException
     sessions = TwiceGymSessions(env_id, env_kwargs)
+
+    async def answer(call):
+        try:
+            return await call
+        except (TwiceError, ValueError, TypeError) as exc:
+            raise http_error(status_code=400, detail=str(exc)) from None
 
     class TwiceGymnasiumServer(base):
         ray_enabled = False
 
         async def reset(self, metadata: dict, session_id: Optional[str] = None) -> tuple:
-            return await sessions.reset(metadata, session_id)
+            return await answer(sessions.reset(metadata, session_id))
 
         async def step(self, action: Any, metadata: dict, session_id: Optional[str] = None) -> tuple:
-            return await sessions.step(action, metadata, session_id)
+            return await answer(sessions.step(action, metadata, session_id))
 
         async def close_session(self, session_id: Optional[str]) -> None:
             await sessions.close_session(session_id)
