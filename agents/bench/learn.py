@@ -217,16 +217,17 @@ def train_many(runs: Sequence[Run], jobs: int = 1, what: str = "training runs") 
     """:func:`train_one` of every run, in order: in this process, or with ``jobs > 1`` in up to that
     many spawned processes at once (each run is seeded on its own, so the traces are the same). Shows
     the runs done and the time left (:mod:`twice_envs.progress`), labelled ``what``."""
-    out: list[RunTrace] = []
     with progress.Progress(what, len(runs), unit="runs") as bar:
         if jobs <= 1 or len(runs) <= 1:
-            return _collect(map(_train, runs), out, bar)
+            return _counted(map(_train, runs), bar)
         spawn = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=spawn) as pool:
-            return _collect(pool.map(_train, runs), out, bar)
+            return _counted(pool.map(_train, runs), bar)
 
 
-def _collect(traces, out: list, bar: progress.Progress) -> list:
+def _counted(traces, bar: progress.Progress) -> list[RunTrace]:
+    """``traces`` as a list, counting each one done on ``bar`` as it arrives."""
+    out = []
     for t in traces:
         out.append(t)
         bar.update()

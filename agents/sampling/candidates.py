@@ -16,13 +16,13 @@ episode's next turn.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
-from twice_envs.agents.sampling.policy import SamplingConfig, _cache_layers, _make_cache, stacked_prefix_cache
+from twice_envs.agents.sampling.policy import (SamplingConfig, _cache_layers, _make_cache, model_forward,
+                                              stacked_prefix_cache)
 from twice_envs.noise import sampling_logprobs
 
 
@@ -84,25 +84,6 @@ class Trie:
         return out
 
 
-def model_forward(policy, ids, mask, pos, cache, keep: int):
-    """The policy model's forward pass (logits of the last ``keep`` positions, 0: all) and its cache."""
-    kwarg = getattr(policy, "_cache_kwarg", None)
-    if kwarg is None:  # transformers renamed ``past_key_values`` to ``cache`` in 5.2x; pass the one the model takes
-        kwarg = "cache" if "cache" in inspect.signature(policy.model.forward).parameters else "past_key_values"
-        policy._cache_kwarg = kwarg
-    out = policy.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=keep,
-                       **{kwarg: cache})
-    return out.logits, getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-
-
-def _fresh_cache(policy) -> None:
-    """Drop kept caches made with other weights (as generation does)."""
-    version = policy._weights_version()
-    if version != getattr(policy, "_cached_version", None):
-        policy.prefix_cache.clear()
-        policy._cached_version = version
-
-
 def _token_logprobs(first: torch.Tensor, nodes: torch.Tensor, path: list[int], tokens: list[int],
                     sampling: SamplingConfig):
     """Log-probs of a candidate's ``tokens``: the first from the context's last logits ``first``, token ``j``
@@ -154,7 +135,7 @@ def score_batch(policy, contexts: Sequence[Sequence[int]], candidates: Sequence[
     ``rows_per_pass``: rows per forward pass (padded to the longest). One row per pass is the default:
     on CPU the padding costs more than the extra calls (measured with the shipped game models)."""
     _check(contexts, candidates)
-    _fresh_cache(policy)
+    policy.fresh_prefix_cache()  # as generation does
     ctxs = [[int(t) for t in c] for c in contexts]
     cands = [[[int(t) for t in c] for c in row] for row in candidates]
     out: list[Optional[Scored]] = [None] * len(ctxs)

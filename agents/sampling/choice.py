@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 
 from twice_envs.agents.sampling.candidates import remember, score_batch
-from twice_envs.agents.sampling.policy import Generation, GenerationRequest, SamplingConfig
+from twice_envs.agents.sampling.policy import Generation, GenerationRequest, SamplingConfig, torch_threads
 from twice_envs.keys import NoiseKey
 from twice_envs.noise import MASK32, key_rows, keyed_choice
 
@@ -194,15 +194,9 @@ class ChoicePolicy:
 
     def choose(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         """One chosen turn for every request (each lists candidates), scored in one batched pass."""
-        old = torch.get_num_threads()
-        threads = getattr(self.policy, "num_threads", None)
-        if threads and threads != old:  # as generation runs (idle threads spinning cost more than they save)
-            torch.set_num_threads(threads)
-        try:
+        # on the generator's thread count, as generation runs (idle threads spinning cost more than they save)
+        with torch_threads(getattr(self.policy, "num_threads", None)):
             return self._choose(requests, sampling)
-        finally:
-            if torch.get_num_threads() != old:
-                torch.set_num_threads(old)
 
     def _choose(self, requests: Sequence[GenerationRequest], sampling: SamplingConfig) -> list[Generation]:
         t0 = time.perf_counter()

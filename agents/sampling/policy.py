@@ -13,8 +13,10 @@ that branches from it) recomputes only the new tokens.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Protocol, Sequence
@@ -131,6 +133,31 @@ def _make_cache(layers: list[tuple[torch.Tensor, torch.Tensor]]):
     for i, (k, v) in enumerate(layers):
         cache.update(k, v, i)
     return cache
+
+
+def model_forward(policy, ids, mask, pos, cache, keep: int):
+    """``policy.model``'s forward pass with a key/value ``cache``: the logits of the last ``keep``
+    positions (0: all) and the cache after it."""
+    kwarg = getattr(policy, "_cache_kwarg", None)
+    if kwarg is None:  # transformers renamed ``past_key_values`` to ``cache`` in 5.2x; pass the one the model takes
+        kwarg = "cache" if "cache" in inspect.signature(policy.model.forward).parameters else "past_key_values"
+        policy._cache_kwarg = kwarg
+    out = policy.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=keep,
+                       **{kwarg: cache})
+    return out.logits, getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+
+
+@contextmanager
+def torch_threads(threads: Optional[int]):
+    """Run the block on ``threads`` torch threads (None or 0: as it is), restoring the count after."""
+    old = torch.get_num_threads()
+    if threads and threads != old:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != old:
+            torch.set_num_threads(old)
 
 
 def stacked_prefix_cache(hits: Sequence[tuple[int, Any]], c_max: int, device):
@@ -303,15 +330,8 @@ class HFPolicy:
 
     # The forward pass is split from the sampler so benchmarks can time each.
     def _forward(self, ids, mask, pos, cache):
-        # transformers renamed ``past_key_values`` to ``cache`` in 5.2x; pass the one the model takes
-        if not hasattr(self, "_cache_kwarg"):
-            import inspect
-
-            params = inspect.signature(self.model.forward).parameters
-            self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **{self._cache_kwarg: cache})
-        return out.logits[:, -1, :], getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+        logits, cache = model_forward(self, ids, mask, pos, cache, 1)
+        return logits[:, -1, :], cache
 
     def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig, *,
                  processor: Optional[Any] = None) -> list[Generation]:
@@ -322,26 +342,23 @@ class HFPolicy:
         """
         if not requests:
             return []
-        old = torch.get_num_threads()
-        if self.num_threads and self.num_threads != old:
-            torch.set_num_threads(self.num_threads)
-        try:
-            with torch.no_grad():
-                return self._generate(requests, sampling, processor)
-        finally:
-            if torch.get_num_threads() != old:
-                torch.set_num_threads(old)
+        with torch_threads(self.num_threads), torch.no_grad():
+            return self._generate(requests, sampling, processor)
 
     def _weights_version(self) -> int:
         # Every in-place update of a parameter (optimiser steps, load_state_dict) bumps
         # its version counter, so the sum changes whenever the weights may have changed.
         return sum(p._version for p in self.model.parameters())
 
-    def _generate(self, requests, sampling, processor) -> list[Generation]:
+    def fresh_prefix_cache(self) -> None:
+        """Drop the kept key/value caches if the weights changed since they were made."""
         version = self._weights_version()
         if version != getattr(self, "_cached_version", None):
             self.prefix_cache.clear()  # kept key/value caches belong to the old weights
             self._cached_version = version
+
+    def _generate(self, requests, sampling, processor) -> list[Generation]:
+        self.fresh_prefix_cache()
         t_start = time.perf_counter()
         n = len(requests)
         dev = self.device
