@@ -233,9 +233,9 @@ def _run(policy, live: list[_Live], sampling: SamplingConfig, batch_size: int, b
         if x.env.done and x.record.trajectory is None:
             _finish(x, dict(x.env.last_info), x.env.trajectory.terminated, x.env.trajectory.truncated)
     key_mode = getattr(sampling, "key_mode", "line")
+    chooses = getattr(policy, "chooses", False)
     while active:
         keys = [NoiseKey(*x.env.last_info.get("noise_key", x.env.noise_key())) for x in active]
-        chooses = getattr(policy, "chooses", False)
         reqs = [GenerationRequest(list(x.context), k, x.stop, x.token_counter,
                                   turn_candidates(x.env) if chooses else None) for x, k in zip(active, keys)]
         gens = generate_in_batches(policy, reqs, sampling, batch_size, by_length=by_length)

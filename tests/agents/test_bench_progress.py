@@ -5,6 +5,7 @@ import importlib
 
 import pytest
 
+from tests.test_progress import default_rule  # noqa: F401  (the progress rule reset around each test)
 from twice_envs import progress
 from twice_envs.agents.bench import learn
 from twice_envs.agents.bench.output import stderr_log
@@ -12,14 +13,6 @@ from twice_envs.cli import BENCHES
 
 #: Benches that run longer than about 10 s at their defaults.
 LONG = ("learn", "ablations", "cost", "overfit", "update", "keys", "choice", "coupling", "games", "credit")
-
-
-@pytest.fixture(autouse=True)
-def default_rule(monkeypatch):
-    monkeypatch.delenv("TWICE_PROGRESS", raising=False)
-    progress.set_enabled(None)
-    yield
-    progress.set_enabled(None)
 
 
 @pytest.mark.parametrize("name", LONG)
