@@ -106,7 +106,7 @@ def _check_turn(k: int, choice: dict, text: str, candidates, key: NoiseKey, scor
 
 
 def replay_choices(ep: EpisodeRecord, policy=None, *, sampling: Optional[SamplingConfig] = None,
-                   tol: float = 1e-4) -> list[Difference]:
+                   tol: float = 1e-4, trusted: bool = False) -> list[Difference]:
     """The fields of ``ep``'s chosen turns that a replay does not reproduce (empty: it replays exactly).
 
     The env is rebuilt from the record (:func:`twice_envs.replay`, which raises on a digest
@@ -114,12 +114,13 @@ def replay_choices(ep: EpisodeRecord, policy=None, *, sampling: Optional[Samplin
     key come from the env, the index and log-prob from the keyed draw over the recorded scores, and,
     given ``policy`` (a :class:`~twice_envs.agents.sampling.choice.ChoicePolicy`), the scores from the
     model over the recorded context (``tol``: the largest score difference allowed, for float
-    rounding between batch shapes). A twin record is checked from its branch turn on.
+    rounding between batch shapes). A twin record is checked from its branch turn on. ``trusted``
+    lets the record's path kwargs through (the trust rule of :func:`twice_envs.replay`).
     """
     if ep.trajectory is None:
         raise ValueError("the record has no trajectory: there is nothing to replay")
     first = ep.twin_of[1] if ep.twin_of is not None else 0
-    env = twice_envs.replay(ep.trajectory, turn=first, trusted=True)
+    env = twice_envs.replay(ep.trajectory, turn=first, trusted=trusted)
     sampling = sampling or SamplingConfig()
     out: list[Difference] = []
     try:

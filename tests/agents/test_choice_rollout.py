@@ -151,3 +151,13 @@ def test_listed_actions_are_written_as_the_model_writes_a_turn():
         "click[Back to Search]", "click[B0ABC]", "click[< Prev]")
     assert turn_candidates(env(["search[<query>]"], "search[<query>] | click[<element>]")) is None
     assert turn_candidates(SimpleNamespace(last_info={}, trajectory=None)) is None
+
+
+
+def test_a_choice_replay_keeps_the_trust_rule_for_path_kwargs(monkeypatch):
+    # a record's path kwargs pass only with the caller's consent, as in twice_envs.replay
+    seen, real = [], twice_envs.replay
+    monkeypatch.setattr(twice_envs, "replay", lambda *a, **kw: seen.append(kw["trusted"]) or real(*a, **kw))
+    ep = next(e for e in _episodes() if any(t.choice for t in e.turns))
+    assert replay_choices(ep) == [] and replay_choices(ep, trusted=True) == []
+    assert seen == [False, True]
