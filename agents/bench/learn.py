@@ -105,8 +105,8 @@ class LearnConfig:
     """The ``V(s0)`` whose first reach is counted; None: GRPO's final mean at its step size."""
     beta: float = 0.7
     """Auxiliary budget of Twice and CRR."""
-    vine_k: int = 1
-    """VinePPO rollouts per state (1: its cheapest form)."""
+    vine_k: int = 2
+    """VinePPO rollouts per state (published: 2, at its published budget, :class:`~.vineppo.VineConfig`)."""
     warmup_updates: int = 3
     """Twice's predictor warm-up (branch probability ``warmup_q``)."""
     seed: int = 0

@@ -162,7 +162,8 @@ def legacy_credit(method: str, twice: Optional[dict], vine_k: Optional[int], abl
         raise ValueError(f"twice.key_mode: {old.key_mode!r} was the run's sampler key mode, which the settings of "
                          f"credit method {method!r} do not hold")
     if cls is VineConfig:
-        return VineConfig(per_state=int(vine_k if vine_k is not None else VineConfig.per_state))
+        return VineConfig(per_state=int(vine_k if vine_k is not None else VineConfig.per_state),
+                          budget=None)  # such runs estimated every boundary
     return None if cls is None else cls()
 
 

@@ -91,9 +91,68 @@ def test_vineppo_trains_on_whitened_credit():
     episodes, envs = toy.toy_rollouts(policy, 10, 5, noise_seed=2)
     twins_fn, values_fn = lab_runners(envs)
     res = run_credit(get_method("vineppo"), episodes, CreditContext(
-        policy=policy, rng=np.random.default_rng(0), noise_seed=3, config=vineppo.VineConfig(per_state=2),
+        policy=policy, rng=np.random.default_rng(0), noise_seed=3, config=vineppo.VineConfig(per_state=2, budget=None),
         runners=Runners(twins=twins_fn, values=values_fn)))
     flat = np.concatenate(res.advantages)
     assert abs(flat.mean()) < 1e-9 and flat.std() == pytest.approx(1.0, rel=1e-6)
     raw = np.concatenate(vineppo.vine_credit(episodes, values_fn(policy, episodes, None, k=2, noise_seed=3).records))
     np.testing.assert_allclose(flat, (raw - raw.mean()) / (raw.std() + vineppo.WHITEN_EPS))
+
+
+def _ep(utility, turns, group):
+    from types import SimpleNamespace
+    return SimpleNamespace(utility=utility, turns=[None] * turns, group=group)
+
+
+def _value(i, t, u):
+    from types import SimpleNamespace
+    return SimpleNamespace(twin_of=(i, t), self_twin=False, utility=u)
+
+
+def test_vineppo_credit_between_estimated_boundaries_by_hand():
+    """Episode 0 (U = 1) has values at s_1 only (0 and 1: 0.5); its V(s_0) is the other episode's utility (0).
+    Episode 1 (U = 0) has none: V(s_0) = 1 from episode 0, every turn gets 0 - 1. Episode 2 is alone in its
+    task: its stretch before s_2 gets 0. Break: a stretch's difference given to its first turn only -> turns
+    1, 2 of episode 0 read 0."""
+    eps = [_ep(1.0, 3, 0), _ep(0.0, 3, 0), _ep(1.0, 3, 7)]
+    vals = [_value(0, 1, 0.0), _value(0, 1, 1.0), _value(2, 2, 0.25), _value(2, 2, 0.25)]
+    credit = vineppo.vine_credit(eps, vals)
+    np.testing.assert_allclose(credit[0], [0.5, 0.5, 0.5])
+    np.testing.assert_allclose(credit[1], [-1.0, -1.0, -1.0])
+    np.testing.assert_allclose(credit[2], [0.0, 0.0, 0.75])
+    with pytest.raises(ValueError, match="no value rollouts for turns"):
+        vineppo.state_values(eps, vals)
+
+
+def test_vineppo_plan_meets_its_budget_in_expectation_and_spends_it_on_the_lab():
+    """Every boundary of the toy's episodes costs about 5x the factual batch; at the published 3.20x each
+    boundary is drawn with one q and the expected value tokens are 2.2x the factual ones. Break: the plan
+    estimating every boundary -> the run spends about 5x and q is 1."""
+    policy = toy.toy_policy()
+    episodes, envs = toy.toy_rollouts(policy, 20, 5, noise_seed=6)
+    factual = sum(e.num_generated_tokens for e in episodes)
+    every = vineppo.K_ROLLOUTS * sum(e.remaining_tokens(t) for e in episodes for t in range(len(e.turns)))
+    assert every > 3 * factual
+    cfg = vineppo.VineConfig()
+    spent = []
+    for seed in range(40):
+        states, q = vineppo.value_plan(episodes, cfg, np.random.default_rng(seed))
+        assert q == pytest.approx((cfg.budget - 1) * factual / every)
+        spent.append(vineppo.K_ROLLOUTS * sum(episodes[i].remaining_tokens(t) for i, t in states))
+    assert np.mean(spent) / ((cfg.budget - 1) * factual) == pytest.approx(1.0, abs=0.05)
+    assert vineppo.value_plan(episodes, vineppo.VineConfig(budget=50.0), np.random.default_rng(0)) == (None, 1.0)
+    assert vineppo.value_plan(episodes, vineppo.VineConfig(budget=None), np.random.default_rng(0)) == (None, 1.0)
+    twins_fn, values_fn = lab_runners(envs)
+    aux = []
+    for seed in range(10):
+        res = run_credit(get_method("vineppo"), episodes, CreditContext(
+            policy=policy, rng=np.random.default_rng(seed), noise_seed=3, config=cfg,
+            runners=Runners(twins=twins_fn, values=values_fn)))
+        aux.append(res.aux_tokens)
+    assert 1 + np.mean(aux) / factual == pytest.approx(cfg.budget, rel=0.05)
+
+
+@pytest.mark.parametrize("budget", [1.0, 0.5, -2, float("nan"), float("inf"), True, "3.2"])
+def test_vineppo_refuses_a_budget_that_is_not_above_one(budget):
+    with pytest.raises(ValueError, match="vineppo budget"):
+        vineppo.VineConfig(budget=budget)

@@ -41,7 +41,7 @@ def test_a_run_config_holds_its_methods_settings_and_reads_them_back(tmp_path):
     """Break: to_json writing the class defaults instead of the run's settings -> per_state 2 comes back."""
     cfg = TrainConfig(method="vineppo", credit=VineConfig(per_state=3))
     d = cfg.to_json()
-    assert d["credit"] == {"per_state": 3} and not {"twice", "vine_k", "ablations"} & set(d)
+    assert d["credit"] == {"per_state": 3, "budget": 3.2} and not {"twice", "vine_k", "ablations"} & set(d)
     (tmp_path / "config.json").write_text(json.dumps(d))
     assert read_run_config(tmp_path / "config.json") == cfg
     # no settings given: the method's defaults, written in full
@@ -66,7 +66,7 @@ def test_a_run_folder_written_before_loads_with_the_settings_it_ran_with(tmp_pat
     got = read_run_config(_write(tmp_path, method="twice", **old))
     assert got.credit == TwiceConfig(beta=0.5, star=2)
     got = read_run_config(_write(tmp_path, method="vineppo", twice=TwiceConfig().__dict__, vine_k=3, ablations=[]))
-    assert got.credit == VineConfig(per_state=3)
+    assert got.credit == VineConfig(per_state=3, budget=None)
     got = read_run_config(_write(tmp_path, method="gigpo", twice=TwiceConfig().__dict__, vine_k=2, ablations=[]))
     assert got.credit == GiGPOConfig()
 
