@@ -22,7 +22,7 @@ import statistics
 import time
 from typing import Callable, List, Sequence
 
-from twice_envs import noise
+from twice_envs import noise, progress
 from twice_envs._deps import require
 
 DEFAULT_VOCABS = (32000, 49152, 151936)
@@ -53,7 +53,9 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         help="wall: elapsed time; cpu: this thread's CPU time (steadier on a shared machine; needs --threads 1)",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes and 2 repeats (smoke test)")
+    progress.add_argument(p)
     args = p.parse_args(argv)
+    progress.apply(args)
     if args.quick:
         args.vocab, args.batch, args.repeats = [1000, 4099], [1, 3], 2
     return args

@@ -37,6 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 import twice_envs
+from twice_envs import progress
 from twice_envs.tools import shared_journals
 from twice_envs.trajectory import atomic_write_text
 
@@ -302,12 +303,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--max-growth", type=float, default=5.0,
                         help="RSS growth target after the warm-up, in %% (default 5)")
     parser.add_argument("--json", type=str, default=None, help="also write the samples and figures to this file")
+    progress.add_argument(parser)
     args = parser.parse_args(list(argv or []))
+    show = progress.apply(args)
 
     t_start = time.time()
 
     def log(message: str) -> None:
-        print(f"[bench soak {time.time() - t_start:5.0f}s] {message}", file=sys.stderr, flush=True)
+        if show:
+            print(f"[bench soak {time.time() - t_start:5.0f}s] {message}", file=sys.stderr, flush=True)
 
     kwargs = json.loads(args.kwargs) if args.kwargs else None
     result = run_soak(

@@ -19,6 +19,7 @@ import random
 import time
 from typing import Optional, Sequence
 
+from twice_envs import progress
 from twice_envs.core import Protocol, TextEnv
 
 ECHO_ID = "TwiceBenchEcho-v0"
@@ -119,7 +120,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repeats", type=int, default=None, help="measurements per mode (best is kept)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="few steps (a smoke run, noisier figures)")
+    progress.add_argument(parser)
     args = parser.parse_args(list(argv or []))
+    progress.apply(args)
     repeats = args.repeats or (1 if args.quick else 3)
     budget = args.budget or (0.5 if args.quick else 4.0)
     import twice_envs

@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from twice_envs import progress
 from twice_envs._deps import available
 from twice_envs.agents.models.load import load_policy, resolve_model_dir
 from twice_envs.agents.models.recipes import trained_env_kwargs, trained_window
@@ -74,7 +75,9 @@ def sampler_main(argv: Sequence[str]) -> int:
     parser.add_argument("--vllm", metavar="MODEL", default=None,
                         help="also measure keyed vs plain sampling inside vLLM on MODEL (needs vLLM; "
                              "batch 8, 64 tokens, 2 repeats) and skip the transformers table when --models is ''")
+    progress.add_argument(parser)
     args = parser.parse_args(argv)
+    progress.apply(args)
     if args.quick:
         args.models, args.batches, args.tokens, args.repeats = "tiny", "8", 8, 1
     if args.vllm:
@@ -160,7 +163,9 @@ def rollout_main(argv: Sequence[str]) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--max-turns", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="2 tasks x 2, 24 tokens, 2 turns")
+    progress.add_argument(parser)
     args = parser.parse_args(argv)
+    progress.apply(args)
     if args.quick:
         args.tasks, args.group, args.max_new_tokens, args.max_turns = 2, 2, 24, 2
     model_dir = resolve_model_dir(args.model)

@@ -1,4 +1,4 @@
-"""Every long ``twice bench`` command follows the progress rule: a ``--no-progress`` flag, lines on a
+"""Every ``twice bench`` command follows the progress rule: a ``--no-progress`` flag, lines on a
 terminal only, and the learning benches' runs counted with the time left."""
 
 import importlib
@@ -11,15 +11,15 @@ from twice_envs.agents.bench import learn
 from twice_envs.agents.bench.output import stderr_log
 from twice_envs.cli import BENCHES
 
-#: Benches that run longer than about 10 s at their defaults.
-LONG = ("learn", "ablations", "cost", "overfit", "update", "keys", "choice", "coupling", "games", "credit")
-
-
-@pytest.mark.parametrize("name", LONG)
-def test_each_long_bench_takes_no_progress(name, capsys):
+@pytest.mark.parametrize("name", sorted(BENCHES))
+def test_every_bench_takes_no_progress(name, capsys):
     module, func = BENCHES[name].split(":")
+    try:
+        main = getattr(importlib.import_module(module), func)
+    except ImportError as exc:  # a bench of an optional extra this installation lacks
+        pytest.skip(f"{name}: {exc}")
     with pytest.raises(SystemExit) as exc:
-        getattr(importlib.import_module(module), func)(["--help"])
+        main(["--help"])
     assert exc.value.code == 0
     assert "--no-progress" in capsys.readouterr().out
 

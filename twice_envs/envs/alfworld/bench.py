@@ -30,6 +30,8 @@ import tempfile
 import time
 from typing import Optional, Sequence
 
+from twice_envs import progress
+
 #: The bundled game timed by default.
 DEFAULT_GAME = "pick_two_obj_and_place-kitchen_a-train-0"
 
@@ -136,7 +138,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--split", default="train", help="split of --data-dir (default train)")
     parser.add_argument("--game", default=None, help=f"game name (default: {DEFAULT_GAME}, or the first game of --data-dir)")
     parser.add_argument("--json", type=str, default=None, help="also write the figures to this file")
+    progress.add_argument(parser)
     args = parser.parse_args(list(argv or []))
+    progress.apply(args)
     reps = args.reps or (2 if args.quick else 7)
     seconds = args.seconds or (2.0 if args.quick else 10.0)
 

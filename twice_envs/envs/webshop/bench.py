@@ -49,6 +49,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from twice_envs import progress
 from twice_envs._procmem import smaps_rollup
 
 
@@ -209,7 +210,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--dir", type=str, default=None,
                     help="keep the generated files and caches in this folder (default: a temporary one, removed)")
     ap.add_argument("--json", type=str, default=None, help="also write the results to this JSON file")
+    progress.add_argument(ap)
     args = ap.parse_args(list(argv) if argv is not None else None)
+    progress.apply(args)
     sizes = args.products or ([1000] if args.quick else [1000, 100_000])
     n_queries = min(args.queries, 30) if args.quick else args.queries
     n_base = min(args.baseline_queries, 3) if args.quick else args.baseline_queries
@@ -223,7 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from twice_envs.envs.webshop.search import Analyzer
 
     rank_bm25 = require("rank_bm25", "bench", "the WebShop benchmark baseline")
-    if max(sizes) >= 100_000:  # long cache builds report their progress (on stderr)
+    if max(sizes) >= 100_000 and progress.enabled():  # long cache builds report their progress (on stderr)
         import logging
 
         build_log = logging.getLogger("twice_envs.webshop")
