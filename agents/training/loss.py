@@ -1,6 +1,7 @@
 """The policy loss: PPO-clip on generated tokens with a KL penalty to a frozen reference.
 
-Per generated token ``i`` of turn ``t`` (observation and prompt tokens never enter):
+Per generated token ``i`` of turn ``t`` (observation and prompt tokens never enter, nor the tokens of a
+turn chosen among listed candidates, which enters as one decision: :mod:`.choice_loss`):
 
     r_i  = exp(logp_new_i - logp_old_i)
     pg_i = -min(r_i A_t, clip(r_i, 1 - eps, 1 + eps) A_t)
@@ -17,13 +18,14 @@ small ratio when its advantage is negative).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from twice_envs.agents.rollout.context import pack_segments
+from twice_envs.agents.training.choice_loss import ChoiceTurn
 from twice_envs.agents.types import EpisodeRecord
 from twice_envs.noise import sampling_logprobs
 
@@ -52,6 +54,8 @@ class PackedBatch:
         loss_mask: ``(B, L)`` 1 on generated tokens (targets), aligned with ``input_ids``.
         advantages: ``(B, L)`` the advantage of each generated token's turn (0 elsewhere).
         old_logprobs: ``(B, L)`` log-probs recorded at sampling time (0 elsewhere).
+        choices: the turns chosen among listed candidates (their tokens are 0 in ``loss_mask``;
+            :class:`~.choice_loss.ChoiceTurn`).
     """
 
     input_ids: torch.Tensor
@@ -59,21 +63,37 @@ class PackedBatch:
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     old_logprobs: torch.Tensor
+    choices: list = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
+    @property
+    def num_units(self) -> int:
+        """The loss's units: generated tokens, and one per chosen turn."""
+        return self.num_tokens + len(self.choices)
+
 
 def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pad_id: int = 0) -> PackedBatch:
     """Pack factual episodes and their per-turn advantages for the loss: a row per sequence of
     :func:`~twice_envs.agents.rollout.context.pack_segments` (one per episode unless it is windowed)."""
-    rows = []
-    for ep, adv in zip(episodes, advantages):
+    rows, choices = [], []
+    for e, (ep, adv) in enumerate(zip(episodes, advantages)):
         if len(adv) != len(ep.turns):
             raise ValueError(f"{len(adv)} advantages for an episode with {len(ep.turns)} turns")
+        first = ep.twin_of[1] if ep.twin_of else 0
         for ids, mask, old, turn_of in pack_segments(ep):
-            a = [float(adv[t - (ep.twin_of[1] if ep.twin_of else 0)]) if t >= 0 else 0.0 for t in turn_of]
+            a = [float(adv[t - first]) if t >= 0 else 0.0 for t in turn_of]
+            mask = list(mask)
+            for j, t in enumerate(turn_of):
+                if t < 0 or ep.turns[t - first].choice is None:
+                    continue
+                mask[j] = 0
+                if j == 0 or turn_of[j - 1] != t:  # the chosen turn's first token
+                    turn = ep.turns[t - first]
+                    choices.append(ChoiceTurn(len(rows), j, turn.choice, list(turn.token_ids), float(adv[t - first]),
+                                              f"episode {e} turn {t}"))
             rows.append((ids, mask, old, a))
     width = max(len(r[0]) for r in rows)
     B = len(rows)
@@ -83,6 +103,7 @@ def pack(episodes: Sequence[EpisodeRecord], advantages: Sequence[np.ndarray], pa
         torch.zeros((B, width), dtype=torch.float32),
         torch.zeros((B, width), dtype=torch.float32),
         torch.zeros((B, width), dtype=torch.float32),
+        choices,
     )
     for b, (ids, mask, old, a) in enumerate(rows):
         n = len(ids)

@@ -54,6 +54,7 @@ from twice_envs.agents.training.config import (
 from twice_envs.agents.training.critic import make_critic
 from twice_envs.agents.training.evaluate import evaluate, indexed_split_size, make_tasks
 from twice_envs.agents.training.gold_answer import answer_probs
+from twice_envs.agents.training.choice_loss import choice_logprobs
 from twice_envs.agents.training.loss import LossConfig, pack_micro_batches, packed_length, ppo_loss, token_logprobs
 from twice_envs.agents.types import measure_means
 from twice_envs.agents.records import RUN_EPISODES, append_lines, batch_lines, keep_batches, write_lines
@@ -131,13 +132,17 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
     for chunk in chunks:
         # micro-batches: the gradients of one minibatch accumulate, each loss divided by the minibatch's tokens
         micro = pack_micro_batches(episodes, advantages, chunk, config.micro_batch or len(chunk), pad)
-        n = max(sum(b.num_tokens for b in micro), 1)
+        n = max(sum(b.num_units for b in micro), 1)
         state.optimizer.zero_grad(set_to_none=True)
         for batch in micro:
             with torch.no_grad():
                 ref = token_logprobs(state.reference, batch, config.temperature, config.top_p)
             new = token_logprobs(model, batch, config.temperature, config.top_p)
             loss, stats = ppo_loss(new, batch.old_logprobs, ref, batch.advantages, batch.loss_mask, lcfg, n)
+            if batch.choices:  # chosen turns: one decision each (choice_loss)
+                loss_c, stats_c = choice_ppo_loss(state, batch, lcfg, n)
+                loss = loss + loss_c
+                stats = {k: stats[k] + stats_c[k] for k in stats}
             loss.backward()
             agg["loss"] += float(loss.detach()) / len(chunks)
             for k in ("pg_loss", "kl", "clip_frac"):
@@ -148,6 +153,20 @@ def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) 
         state.scheduler.step()
     clear_prefix_cache(state.policy)
     return agg
+
+
+def choice_ppo_loss(state: TrainState, batch, lcfg: LossConfig, n: int):
+    """The PPO-clip + KL terms of ``batch``'s chosen turns (:mod:`.choice_loss`), each one unit of ``n``."""
+    import torch
+
+    tok = state.policy.tokenizer
+    encode = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    with torch.no_grad():
+        ref = choice_logprobs(state.reference, batch.input_ids, batch.choices, encode, tok.eos_token_id)
+    new = choice_logprobs(state.policy.model, batch.input_ids, batch.choices, encode, tok.eos_token_id)
+    old = torch.tensor([float(c.choice["logprob"]) for c in batch.choices], dtype=new.dtype)
+    adv = torch.tensor([c.advantage for c in batch.choices], dtype=new.dtype)
+    return ppo_loss(new, old, ref, adv, torch.ones_like(new), lcfg, n)
 
 
 def mixed_group_share(episodes) -> float:
