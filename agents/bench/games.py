@@ -31,6 +31,7 @@ from twice_envs.agents.bench.heldout import GAMES, evaluate_game
 from twice_envs.agents.bench.output import write_json
 from twice_envs.agents.credit.registry import methods as registered_methods
 from twice_envs.agents.models.load import load_policy
+from twice_envs.agents.sampling.choice import DEFAULT_SCORE, SCORES, choosing
 from twice_envs.agents.sampling.devices import device_arg, torch_device
 from twice_envs.agents.stats import paired_change
 from twice_envs.agents.training.config import cpu_config
@@ -51,7 +52,7 @@ def _eval_only(cfg: GamesBenchConfig, device: str, against: Optional[str]) -> in
     for env_id in cfg.envs:
         model = cfg.start_model(env_id)
         t0 = time.perf_counter()
-        res = evaluate_game(load_policy(model, device=device), env_id, samples=cfg.eval_samples or 4,
+        res = evaluate_game(choosing(load_policy(model, device=device), cfg.choose), env_id, samples=cfg.eval_samples or 4,
                             tasks=cfg.eval_tasks, noise_seed=HELDOUT_NOISE_SEED, setting=cfg.setting(env_id),
                             progress=f"{env_id} held-out")
         seconds = time.perf_counter() - t0
@@ -124,6 +125,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="episodes per held-out task (default: per env; --eval-only: 4)")
     p.add_argument("--model", action="append", default=[], help="ENV=MODEL start model (repeatable)")
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate of the policy updates")
+    p.add_argument("--policy", choices=("generate", "choice"), default="generate",
+                   help="generate: every turn written as text; choice: turns whose env lists its actions chosen "
+                        "among them (the rest generated), each trained as one decision")
+    p.add_argument("--score", choices=sorted(SCORES), default=DEFAULT_SCORE,
+                   help=f"with --policy choice: the candidates' score (default {DEFAULT_SCORE})")
     p.add_argument("--filter-groups", action="store_true",
                    help="dynamic sampling: train on --tasks groups whose returns differ "
                         f"(up to {cpu_config().max_sample_batches} batches an update)")
@@ -185,6 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         max_turns=a.max_turns,
         max_new_tokens=a.max_new_tokens, eval_every=a.eval_every, train_kwargs=train_kwargs or None,
         micro_batch=a.micro_batch, eval_noise_seed=a.eval_noise_seed, resume=a.resume, jobs=a.jobs,
+        choose=a.score if a.policy == "choice" else None,
         model=dict(x.split("=", 1) for x in a.model) or None)
     bad = [m for m in cfg.methods if m not in registered_methods()]
     if bad:

@@ -55,6 +55,9 @@ class GamesBenchConfig:
     train_kwargs: Optional[dict] = None
     """Extra ``make`` kwargs of the training env per env id, e.g. ``{"WebShop-v0": {"reward": "success"}}``
     (train on the success the held-out figures count, not the graded score); held-out envs are unchanged."""
+    choose: Optional[str] = None
+    """``sum`` or ``mean``: every policy chooses among the env's listed actions by that score and trains each
+    choice as one decision (:attr:`~twice_envs.agents.training.config.TrainConfig.choose`); None: free text."""
     micro_batch: Optional[int] = None
     """Episodes per forward/backward pass of an update (:attr:`TrainConfig.micro_batch`; None: a whole
     minibatch). Bounds the memory of large updates."""

@@ -39,7 +39,9 @@ def report(results: dict) -> str:
     for env_id, r in results["envs"].items():
         shared = lr_label(results, r["methods"])
         b = r["before"]["all"]
-        lines.append(f"{env_id} (start model {r['model']}): before {b['success']:.3f} "
+        choose = (results.get("config") or {}).get("choose")
+        mode = f", choosing among listed actions by {choose}" if choose else ""
+        lines.append(f"{env_id} (start model {r['model']}{mode}): before {b['success']:.3f} "
                      f"[{b['success_ci'][0]:.3f}, {b['success_ci'][1]:.3f}] n={b['episodes']}, "
                      f"valid {b['valid_share']:.3f}, "
                      f"reward {b.get('mean_reward', float('nan')):.3f}")

@@ -23,6 +23,7 @@ from twice_envs.agents.bench.games_config import GamesBenchConfig
 from twice_envs.agents.bench.heldout import GameSetting, evaluate_game
 from twice_envs.agents.lab.plots import plot_runs
 from twice_envs.agents.models.load import load_policy
+from twice_envs.agents.sampling.choice import choosing
 from twice_envs.agents.stats import paired_change, wilson
 from twice_envs.agents.training.config import cpu_config, read_run_config, with_settings
 from twice_envs.agents.training.trainer import read_metrics, train
@@ -82,7 +83,7 @@ def _train_config(cfg: GamesBenchConfig, env_id: str, method: str, seed: int, ou
                     questions_per_update=cfg.tasks_per_update, group_size=cfg.group_size, max_turns=s.max_turns,
                     window=s.window, max_new_tokens=s.max_new_tokens, lr=cfg.lr, filter_groups=cfg.filter_groups,
                     indexed_tasks=False, checkpoint_every=10**9, micro_batch=cfg.micro_batch,
-                    out_dir=str(out))
+                    choose=cfg.choose, out_dir=str(out))
     tc = replace(tc, env_kwargs={**tc.env_kwargs, **(cfg.train_kwargs or {}).get(env_id, {})})
     return with_settings(tc, beta=cfg.beta)
 
@@ -129,7 +130,7 @@ def train_and_evaluate(cfg: GamesBenchConfig, env_id: str, method: str, seed: in
     to other processes. ``show_progress``: a progress line of its updates, then of its final evaluation's
     episodes (:mod:`twice_envs.progress`; runs in other processes show none)."""
     out = Path(cfg.out) / env_id / f"{method}-s{seed}"
-    policy = load_policy(cfg.start_model(env_id))  # trained in place
+    policy = choosing(load_policy(cfg.start_model(env_id)), cfg.choose)  # trained in place
     tc = _train_config(cfg, env_id, method, seed, out, setting)
     evaluation = _evaluation(cfg, env_id, seed)
     curve = list(curve)
@@ -187,7 +188,7 @@ def run_games_bench(cfg: GamesBenchConfig, log=print) -> dict:
     results: dict = {"config": config, "envs": {}}
     for env_id in cfg.envs:
         model = cfg.start_model(env_id)
-        start = load_policy(model)
+        start = choosing(load_policy(model), cfg.choose)
         setting = cfg.setting(env_id)
         t0 = time.perf_counter()
         before_by_seed = {seed: _held_out(cfg, env_id, setting, start, seed, f"{env_id} start model seed {seed}")

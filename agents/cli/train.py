@@ -22,6 +22,7 @@ from twice_envs.agents.models.load import (
     shipped_model_config,
 )
 from twice_envs.agents.models.recipes import MODEL_NAMES, NAMED_MODELS, play_settings
+from twice_envs.agents.sampling.choice import SCORES
 from twice_envs.agents.models.runs import TRUST_HELP, checked_run_config
 from twice_envs.agents.training.config import cpu_config, published_config
 from twice_envs.agents.training.evaluate import evaluate
@@ -68,6 +69,9 @@ def train_main(argv: Sequence[str]) -> int:
     p.add_argument("--window", type=int, default=None,
                    help="turns of history in the context (default: the window a tiny model was trained with, "
                         "else the whole episode)")
+    p.add_argument("--choose", choices=sorted(SCORES), default=None,
+                   help="where the env lists its actions, choose among them by this score of their token "
+                        "log-probs and train each choice as one decision (default: generate every turn)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="run directory (default runs/METHOD)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's checkpoint")
@@ -90,7 +94,7 @@ def train_main(argv: Sequence[str]) -> int:
     except ValueError as exc:
         p.error(str(exc))
     over: dict[str, Any] = {"env": a.env, "model": a.model, "method": a.method, "credit": credit,
-                            "seed": a.seed, **played,
+                            "seed": a.seed, "choose": a.choose, **played,
                             "out_dir": a.out or f"runs/{a.method}" + "".join(f"+{x}" for x in a.ablation)}
     for name, key in (("updates", "updates"), ("questions", "questions_per_update"), ("group_size", "group_size"),
                       ("lr", "lr"), ("critic_lr", "critic_lr"), ("max_new_tokens", "max_new_tokens"),

@@ -35,6 +35,7 @@ from twice_envs.agents.models.dirs import (
 )
 from twice_envs.agents.models.gguf import smollm2_dir
 from twice_envs.agents.models.recipes import MODEL_NAMES, NAMED_MODELS, env_fit_warning, model_for_env, play_settings
+from twice_envs.agents.sampling.choice import choosing
 from twice_envs.agents.sampling.devices import torch_device
 from twice_envs.agents.sampling.policy import HFPolicy
 from twice_envs.agents.sampling.vllm_engine import VLLMPolicy
@@ -140,4 +141,4 @@ def load_run_policy(checkpoint: os.PathLike, model: Optional[str] = None):
     policy = load_policy(model or cfg.model)
     policy.model.load_state_dict(weights)
     clear_prefix_cache(policy)
-    return policy, cfg
+    return choosing(policy, cfg.choose), cfg

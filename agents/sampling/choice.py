@@ -142,6 +142,14 @@ class ChoiceStats:
     seconds: float = 0.0
 
 
+def choosing(policy, score: Optional[str]):
+    """``policy`` choosing among listed candidates by ``score`` (a :class:`ChoicePolicy` around it), or as it is
+    when ``score`` is None or it chooses already."""
+    if score is None or getattr(policy, "chooses", False):
+        return policy
+    return ChoicePolicy(policy, score=score)
+
+
 class ChoicePolicy:
     """A local transformers policy (:class:`~twice_envs.agents.sampling.policy.HFPolicy`) that chooses
     among a request's candidates where it lists them and generates text elsewhere.

@@ -18,6 +18,7 @@ from twice_envs.agents.credit.ablations import apply_ablations
 from twice_envs.agents.credit.registry import get_method
 from twice_envs.agents.credit.twice import TwiceConfig
 from twice_envs.agents.credit.vineppo import VineConfig
+from twice_envs.agents.sampling.choice import SCORES
 from twice_envs.agents.sampling.policy import SamplingConfig
 from twice_envs.errors import DataFormatError
 
@@ -58,6 +59,10 @@ class TrainConfig:
     window: Optional[int] = None
     """Turns of history in the model's context (None: the whole episode; the first prompt,
     which holds the task, is always kept). Use the window the model was trained with."""
+    choose: Optional[str] = None
+    """Where the env lists its actions (``info["admissible_actions"]``), choose among them by this score of
+    their token log-probs (``sum`` or ``mean``; :class:`~twice_envs.agents.sampling.choice.ChoicePolicy`) and
+    train the choice as one decision; None: every turn is generated as text."""
     max_new_tokens: int = 128
     """Tokens per turn at most (published: 500; the tiny model's quoted reasoning takes up to about 110)."""
     temperature: float = 1.0
@@ -115,6 +120,8 @@ class TrainConfig:
     """torch CPU threads (0: torch's default; the tiny model runs fastest on one)."""
 
     def __post_init__(self) -> None:
+        if self.choose is not None and self.choose not in SCORES:
+            raise ValueError(f"choose must be one of {sorted(SCORES)} or None, got {self.choose!r}")
         cls = get_method(self.method).config
         if self.credit is not None and not isinstance(self.credit, cls or ()):
             raise ValueError(f"credit: the settings of credit method {self.method!r} are "

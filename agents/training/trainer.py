@@ -54,6 +54,7 @@ from twice_envs.agents.training.config import (
 from twice_envs.agents.training.critic import make_critic
 from twice_envs.agents.training.evaluate import evaluate, indexed_split_size, make_tasks
 from twice_envs.agents.training.gold_answer import answer_probs
+from twice_envs.agents.sampling.choice import choosing
 from twice_envs.agents.training.choice_loss import choice_logprobs
 from twice_envs.agents.training.loss import LossConfig, pack_micro_batches, packed_length, ppo_loss, token_logprobs
 from twice_envs.agents.types import measure_means
@@ -301,6 +302,8 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
         # turns holding no admissible action (the env flags them); benchmarks report the share
         "turns": sum(len(e.turns) for e in sampled),
         "invalid_turns": sum(t.invalid for e in sampled for t in e.turns),
+        # turns chosen among the env's listed actions (``choose``), the rest generated
+        "chosen_turns": sum(t.choice is not None for e in sampled for t in e.turns),
         "lr": float(state.scheduler.get_last_lr()[0]),
         "time_rollout": t1 - t0,
         "time_credit": t2 - t1,
@@ -332,7 +335,7 @@ def train(config: TrainConfig, *, policy, resume: bool = False, overwrite: bool 
     if not resume:
         _check_fresh_run_dir(out, overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    state = init_state(config, policy)
+    state = init_state(config, choosing(policy, config.choose))
     if resume and (ckpt / "state.pt").exists():
         load_checkpoint(state, ckpt)
         kept = [row for row in read_metrics(metrics_path) if row.get("update", 0) <= state.update] \

@@ -522,3 +522,24 @@ def test_evaluations_and_runs_show_progress_lines_and_none_with_no_progress(tmp_
                                                       "WebShop-v0 grpo seed 0 held-out: 2/2 episodes (100%)"]
     assert gb.main([*args, "--out", str(tmp_path / "b"), "--no-progress"]) == 0  # still as on a terminal
     assert "WebShop-v0" not in capsys.readouterr().err and not progress.enabled()
+
+
+def test_the_bench_chooses_among_listed_actions_with_policy_choice(tmp_path, monkeypatch, capsys):
+    """``--policy choice``: the runs train and evaluate a choosing policy (WebShop lists its clickable elements
+    after a search). Break: the runs loading the plain policy -> no chosen turn."""
+    cfg = gb.GamesBenchConfig(envs=("WebShop-v0",), methods=("grpo", "twice"), seeds=(0,), updates=1,
+                              tasks_per_update=2, group_size=2, eval_tasks=2, eval_samples=1, out=str(tmp_path),
+                              max_turns=3, choose="sum")  # the shipped tiny-webshop searches, then clicks
+    res = gb.run_games_bench(cfg, log=lambda m: None)
+    for m in ("grpo", "twice"):
+        run = tmp_path / "WebShop-v0" / f"{m}-s0"
+        assert json.loads((run / "config.json").read_text())["choose"] == "sum"
+        row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+        assert 0 < row["chosen_turns"] < row["turns"]  # searches are generated, clicks chosen
+    assert "choosing among listed actions by sum" in gb.report(res)
+    seen = []
+    monkeypatch.setattr(gb, "run_games_bench", lambda c: seen.append(c) or {"envs": {}})
+    monkeypatch.setattr(gb, "report", lambda r: "report")
+    assert gb.main(["--envs", "WebShop-v0", "--policy", "choice", "--score", "mean"]) == 0
+    assert gb.main(["--envs", "WebShop-v0"]) == 0
+    assert [c.choose for c in seen] == ["mean", None]

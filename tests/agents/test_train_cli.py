@@ -65,6 +65,8 @@ def test_train_keeps_the_history_window_a_model_was_trained_with(tmp_path, monke
     assert train_main(args) == 0
     assert train_main(args + ["--window", "1"]) == 0
     assert [cfg.window for cfg in seen] == [2, 1]
+    assert train_main(args + ["--choose", "sum"]) == 0
+    assert [cfg.choose for cfg in seen] == [None, None, "sum"]
 
 
 def test_budget_summary_counts_the_updates_past_the_warm_up():

@@ -88,3 +88,9 @@ def test_an_older_run_whose_settings_cannot_be_kept_fails_naming_the_field(tmp_p
 def test_the_sampler_key_mode_is_the_methods_setting():
     assert sampling_config(TrainConfig(method="twice", credit=TwiceConfig(key_mode="flat"))).key_mode == "flat"
     assert sampling_config(TrainConfig(method="grpo")).key_mode == TwiceConfig.key_mode
+
+
+def test_a_run_chooses_only_by_a_known_score():
+    assert TrainConfig(choose="mean").choose == "mean" and TrainConfig().choose is None
+    with pytest.raises(ValueError, match="choose must be one of"):
+        TrainConfig(choose="max")
