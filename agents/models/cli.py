@@ -1,4 +1,4 @@
-"""``twice models build-tiny | export | smollm2 | info``: build, check and inspect the agent's models."""
+"""``twice models build-tiny | imitate-choices | export | smollm2 | info``: build, check and inspect the agent's models."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Sequence
 
 from twice_envs.agents.models import build, export, quality, recipes, resume
 from twice_envs.agents.models.dirs import SMOLLM2_NAME, models_dir
+from twice_envs.agents.models.choice_imitation import ImitationConfig, imitate_choices
 from twice_envs.agents.models.gguf import convert_smollm2, smollm2_gguf
+from twice_envs.agents.sampling.choice import SCORES
 from twice_envs.agents.sampling.devices import device_arg
 
 
@@ -80,6 +82,17 @@ def models_main(argv: Sequence[str]) -> int:
                                    "and the build continues from it with --resume DIR.")
     e.add_argument("dir", metavar="DIR", help="the build's output folder (the one given to --resume)")
     e.add_argument("--out", required=True, metavar="OUT", help="the model folder to write (replaced if present)")
+    c = sub.add_parser("imitate-choices", help="train a model to choose its env's listed actions as the scripted "
+                                               "teacher does (a choice start model)")
+    c.add_argument("--model", required=True, help="start model: a name (tiny-alfworld, tiny-webshop) or folder")
+    c.add_argument("--env", default=ImitationConfig.env)
+    c.add_argument("--out", required=True, help="the model folder to write")
+    c.add_argument("--episodes", type=int, default=ImitationConfig.episodes, help="teacher episodes")
+    c.add_argument("--steps", type=int, default=ImitationConfig.steps, help="optimiser steps")
+    c.add_argument("--batch-size", type=int, default=ImitationConfig.batch_size, help="episodes per step")
+    c.add_argument("--lr", type=float, default=ImitationConfig.lr)
+    c.add_argument("--score", choices=sorted(SCORES), default=ImitationConfig.score)
+    c.add_argument("--seed", type=int, default=0)
     s = sub.add_parser("smollm2", help="convert the SmolLM2-135M GGUF file to a cached safetensors copy")
     s.add_argument("--force", action="store_true")
     sub.add_parser("info", help="show the cached models")
@@ -116,6 +129,14 @@ def models_main(argv: Sequence[str]) -> int:
         build.build_tiny(out, cfg, recipe=args.recipe, device=args.device, checkpoint_every=args.checkpoint_every,
                          resume=args.resume is not None)
         print(out)
+        return 0
+    if args.cmd == "imitate-choices":
+        try:
+            icfg = ImitationConfig(env=args.env, episodes=args.episodes, steps=args.steps, batch_size=args.batch_size,
+                                   lr=args.lr, score=args.score, seed=args.seed)
+        except ValueError as exc:
+            parser.error(str(exc))
+        imitate_choices(args.model, args.out, icfg)
         return 0
     if args.cmd == "export":
         out = Path(args.out)
