@@ -30,28 +30,8 @@ if [[ -z "$PYTHON" ]]; then
 fi
 
 REQUIREMENTS=("nemo-gym>=0.7,<0.8" "uvicorn" "httpx" "pytest>=8")
-root=${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}
-venv="$root/nemo_gym"
-mkdir -p "$root"
-
-key=$({ sed -n '/^dependencies = \[/,/^\]/p' pyproject.toml; printf '%s\n' "${REQUIREMENTS[@]}"; "$PYTHON" -V; } \
-      | sha256sum | cut -c1-16)
-
-exec 9>"$root/nemo_gym.lock"
-flock 9  # two runs never build the same venv at once
-had_build=$([[ -d build ]] && echo 1 || echo 0)
-if [[ ! -f "$venv/.requirements-$key" ]]; then
-    echo "nemo-gym venv: creating $venv on $("$PYTHON" -V) (requirements $key)"
-    rm -rf "$venv"
-    "$PYTHON" -m venv "$venv"
-    "$venv/bin/pip" install -q --ignore-requires-python "${REQUIREMENTS[@]}" -e .
-    touch "$venv/.requirements-$key"  # written last: a half-built venv is rebuilt next time
-else
-    echo "nemo-gym venv: reusing $venv (requirements $key)"
-fi
-"$venv/bin/pip" install -q --no-deps -e . >/dev/null
-[[ $had_build == 1 ]] || rm -rf build  # setuptools' scratch folder, not part of the checkout
-flock -u 9
+source tests/sidecar/venv.sh
+side_venv nemo_gym "nemo-gym venv" "" -- --ignore-requires-python "${REQUIREMENTS[@]}" -e .
 
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_nemo_gym.py \
     tests/integrations/test_nemo_gym_server.py "$@"

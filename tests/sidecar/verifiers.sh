@@ -14,33 +14,7 @@ cd "$(dirname "$0")/../.."
 
 PYTHON=${PYTHON:-python3}
 REQUIREMENTS=(".[verifiers,dev]")
-root=${TWICE_SIDE_VENVS:-$HOME/.cache/twice_envs/venvs}
-venv="$root/verifiers"
-mkdir -p "$root"
-
-# The key covers what the venv's packages depend on: the base dependencies and the extras named above
-# (not the rest of pyproject.toml, so unrelated edits do not rebuild it).
-requirement_lines() {
-    sed -n '/^dependencies = \[/,/^\]/p' pyproject.toml
-    grep -E '^(verifiers|dev) = ' pyproject.toml
-}
-key=$({ requirement_lines; printf '%s\n' "${REQUIREMENTS[@]}"; "$PYTHON" -V; } | sha256sum | cut -c1-16)
-
-exec 9>"$root/verifiers.lock"
-flock 9  # two runs never build the same venv at once
-# installing the checkout (also non-editable, when the venv is created) leaves setuptools' scratch folder
-had_build=$([[ -d build ]] && echo 1 || echo 0)
-if [[ ! -f "$venv/.requirements-$key" ]]; then
-    echo "verifiers venv: creating $venv (requirements $key)"
-    rm -rf "$venv"
-    "$PYTHON" -m venv "$venv"
-    "$venv/bin/pip" install -q "${REQUIREMENTS[@]}"
-    touch "$venv/.requirements-$key"  # written last: a half-built venv is rebuilt next time
-else
-    echo "verifiers venv: reusing $venv (requirements $key)"
-fi
-"$venv/bin/pip" install -q --no-deps -e . >/dev/null
-[[ $had_build == 1 ]] || rm -rf build  # setuptools' scratch folder, not part of the checkout
-flock -u 9
+source tests/sidecar/venv.sh
+side_venv verifiers "verifiers venv" "verifiers|dev" -- "${REQUIREMENTS[@]}"
 
 exec "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/integrations/test_verifiers_env.py "$@"
