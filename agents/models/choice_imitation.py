@@ -24,12 +24,15 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 
 import twice_envs
+from twice_envs.agents.models.load import load_policy, resolve_model_dir
+from twice_envs.agents.models.recipes import play_settings, transcript_env_kwargs
 from twice_envs.agents.models.transcripts import _admissible_agent, scripted_agent
 from twice_envs.agents.rollout.episodes import Task, rollout
 from twice_envs.agents.sampling.choice import DEFAULT_SCORE, SCORES, ChoicePolicy, choice_key
@@ -161,15 +164,13 @@ def imitation_loss(model, batch, encode, eos) -> tuple[torch.Tensor, int]:
 def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print) -> dict:
     """Train ``start`` (a model name or folder) on its env's teacher (module docstring); writes the model to
     ``out`` and returns the figures (teacher episodes, success, unmatched turns, loss before and after)."""
-    from twice_envs.agents.models.load import load_policy, resolve_model_dir
-    from twice_envs.agents.models.recipes import play_settings
-
     src = resolve_model_dir(start)
     settings = play_settings(start, src, config.env, None)
     policy = load_policy(start)
     t0 = time.perf_counter()
     with torch_threads(config.threads):
-        eps, unmatched = teacher_episodes(policy, config, env_kwargs=settings["env_kwargs"],
+        eps, unmatched = teacher_episodes(policy, config, env_kwargs=_teacher_env_kwargs(src, config.env,
+                                                                                          settings["env_kwargs"]),
                                           max_turns=settings.get("max_turns"), window=settings.get("window"),
                                           agent_options=_agent_options(src, config.env))
         chosen = sum(t.choice is not None for e in eps for t in e.turns)
@@ -214,6 +215,17 @@ def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print)
     log(f"on the first {len(held)} teacher episodes: loss {before:.4f} -> {after:.4f}, -log pi(teacher's choice) "
         f"{choice_before:.4f} -> {choice_after:.4f}; model: {out}")
     return figures
+
+
+def _teacher_env_kwargs(src: Path, env_id: str, played: dict) -> dict:
+
+    """The env the start model's transcripts were played on (its recipe's training games, for ALFWorld the
+    generated training collection), with the kwargs it plays with."""
+    meta = json.loads((src / "twice_model.json").read_text()) if (src / "twice_model.json").exists() else {}
+    cfg = meta.get("config") or {}
+    recipe = SimpleNamespace(env_kwargs=cfg.get("env_kwargs") or {}, alfworld_games=int(cfg.get("alfworld_games") or 0),
+                             alfworld_rooms=int(cfg.get("alfworld_rooms") or 0))
+    return {**transcript_env_kwargs(recipe, env_id), **played}
 
 
 def _agent_options(src: Path, env_id: str) -> dict:
