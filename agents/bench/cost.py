@@ -1,10 +1,13 @@
 """``twice bench cost``: seconds and tokens per update of every credit method, relative to GRPO.
 
-On SearchQA (or any trainable env), every method trains the same start model (default: the shipped
-``tiny`` SearchQA model) with the same CPU settings, and the methods take their updates in turns
+On SearchQA (or any trainable env), every method runs the updates of the same start model (default: the
+shipped ``tiny`` SearchQA model) with the same CPU settings, and the methods take their updates in turns
 (update 1 of every method, then update 2, ...), so a slow spell of a shared machine lands on all of
-them alike. Every run's generator starts from the same seed, so the first update of every method
-samples the same tasks and noise; later ones differ, as methods draw different numbers of coins.
+them alike. Every run's generator starts from the same seed, so every method samples the same tasks and
+noise at each update. By default the updates stop before the optimiser (``train=False``): every method
+credits batches of the start model itself, so its tokens are not mixed with how it changed its policy
+(each method's policy would drift its own way, and the lengths of its episodes with it); ``train=True``
+trains each method's copy as ``twice train`` does.
 
 On a lab env (:data:`LAB_ENVS`), every method credits batches of the lab's initial policy (no
 learning: the tokens of a method are not mixed with how it changed the policy), on the same noise
@@ -67,6 +70,8 @@ class CostConfig:
     """First updates left out of the figures."""
     seed: int = 0
     """Seed of every run (the same tasks and noise seeds for every method)."""
+    train: bool = False
+    """Trainable envs: step each method's optimiser too (False: every update credits the start model)."""
     n_boot: int = 2000
     """Bootstrap resamples."""
     tolerance: float = 0.05
@@ -107,7 +112,7 @@ def train_rows(config: CostConfig, methods: Sequence[str], log) -> dict[str, lis
     for u in range(config.updates):
         for m, (cfg, state) in runs.items():
             t0 = time.perf_counter()
-            row = train_update(state, cfg, pool, indexed)
+            row = train_update(state, cfg, pool, indexed, learn=config.train)
             row["wall"] = time.perf_counter() - t0
             rows[m].append(row)
             log(f"update {u + 1}/{config.updates} {m}: {row['wall']:.1f} s, {row['generated_tokens']} + "
@@ -167,7 +172,8 @@ def format_cost(res: dict) -> str:
     n = c["updates"] - c["skip"]
     width = max(8, *(len(m) + 1 for m in res["methods"]))
     what = ("the lab's initial policy: {n} batches per method after {skip} warm-up batches" if c["env"] in LAB_ENVS
-            else "model {model}: {n} updates per method after {skip} skipped, methods in turns")
+            else "model {model}: {n} updates per method after {skip} skipped, methods in turns, "
+            + ("each method training its own copy" if c.get("train") else "every update on the start model"))
     lines = [f"{c['env']}, " + what.format(n=n, skip=c["skip"], model=c["model"]),
              f"{'method':<{width}} {'s/update [95% CI]':>22} {'factual tok':>12} {'aux tok':>9} "
              f"{'seconds / GRPO':>20} {'tokens / GRPO':>20} {'published':>10} {'within':>7}"]
@@ -203,6 +209,9 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--skip", type=int, default=d.skip)
     p.add_argument("--questions", type=int, default=d.questions, help="tasks per update (labs: groups per batch)")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--train", action="store_true",
+                   help="trainable envs: step each method's optimiser too (default: every update credits the start "
+                        "model, so no method's tokens depend on how it changed its policy)")
     p.add_argument("--out", default="runs/bench_cost")
     progress.add_argument(p)
     a = p.parse_args(argv)
@@ -211,7 +220,7 @@ def main(argv: Sequence[str]) -> int:
         p.error(f"--updates ({a.updates}) must exceed --skip ({a.skip})")
     methods = a.methods if a.methods is not None else [m for m in registered_methods() if _serves(m, a.env)]
     cfg = CostConfig(env=a.env, model=a.model, methods=tuple(methods), updates=a.updates, skip=a.skip, seed=a.seed,
-                     questions=a.questions)
+                     questions=a.questions, train=a.train)
     try:
         res = run_cost(cfg, log=stderr_log("cost"))
     except ValueError as exc:  # a method the env cannot serve, named before any rollout

@@ -239,13 +239,15 @@ def training_pool(config: TrainConfig) -> tuple[int, bool]:
 
 def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: bool = True,
                  records: list | None = None, *, method: CreditMethod | None = None,
-                 runners: Runners | None = None) -> dict:
+                 runners: Runners | None = None, learn: bool = True) -> dict:
     """One update: sample tasks, roll out, compute credit, step the optimiser; returns its metrics.
 
     Each task gets ``group_size x rollouts`` episodes, ``rollouts`` being the method's registered multiple
     (``grpo-2x``: 2), and the credit step and the loss see all of them. ``records``: a list that receives
     the update's record lines (its factual episodes with their credit, then their twins). ``method`` and
-    ``runners``: the run's method and engine, bound once by :func:`train` (default: looked up now)."""
+    ``runners``: the run's method and engine, bound once by :func:`train` (default: looked up now).
+    ``learn=False`` stops before the optimiser (no loss statistics): the policy stays as it is, for
+    measuring what the update's rollouts and credit cost (``twice bench cost``)."""
     t0 = time.perf_counter()
     u = state.update
     method = method or get_method(config.method)
@@ -279,7 +281,7 @@ def train_update(state: TrainState, config: TrainConfig, pool: int, indexed: boo
     if records is not None:
         annotate_credit(config.method, trained, credit)
         records.extend(batch_lines(trained, twins, batch=u + 1, slim=True))
-    loss_stats = policy_update(state, trained, credit.advantages, config)
+    loss_stats = policy_update(state, trained, credit.advantages, config) if learn else {}
     t3 = time.perf_counter()
     state.update += 1
     gen = sum(e.num_generated_tokens for e in sampled)

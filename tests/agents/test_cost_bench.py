@@ -33,3 +33,29 @@ def test_the_lab_table_sets_every_method_beside_the_published_tok_column():
     assert rows["grpo"]["matches_published"] is True
     text = format_cost(res)
     assert "published" in text and "1.00x" in text and "2.00x" in text
+
+
+def test_the_cost_bench_credits_the_start_model_unless_asked_to_train(monkeypatch):
+    """Break: train_update's learn flag ignored -> the weights move in the frozen run."""
+    import torch
+
+    from twice_envs.agents.bench import cost
+    from twice_envs.agents.training import trainer
+
+    seen, real = [], trainer.train_update
+
+    def recording(state, cfg, pool, indexed, **kw):
+        before = [p.detach().clone() for p in state.policy.model.parameters()]
+        row = real(state, cfg, pool, indexed, **kw)
+        moved = any(not torch.equal(a, p) for a, p in zip(before, state.policy.model.parameters()))
+        seen.append((kw.get("learn", True), moved, "loss" in row))
+        return row
+
+    monkeypatch.setattr(trainer, "train_update", recording)
+    res = cost.run_cost(CostConfig(methods=("grpo",), updates=2, skip=1, questions=1, n_boot=50))
+    assert seen == [(False, False, False)] * 2 and "every update on the start model" in format_cost(res)
+    seen.clear()
+    res = cost.run_cost(CostConfig(methods=("grpo",), updates=2, skip=1, questions=1, n_boot=50, train=True))
+    # the optimiser ran (its loss is reported; the weights move only where some advantage is not zero)
+    assert [(learn, loss) for learn, _, loss in seen] == [(True, True)] * 2
+    assert "each method training its own copy" in format_cost(res)
