@@ -113,7 +113,8 @@ def init_state(config: TrainConfig, policy) -> TrainState:
 
 
 def policy_update(state: TrainState, episodes, advantages, config: TrainConfig) -> dict:
-    """PPO-clip + KL on the factual episodes: ``config.minibatches`` AdamW steps.
+    """PPO-clip + KL on the factual episodes: ``config.minibatches`` AdamW steps. A turn chosen among listed
+    candidates enters as one decision (:func:`choice_ppo_loss`), its tokens out of the token loss.
 
     Returns the loss, its policy-gradient and KL parts, the clipped share of tokens and
     ``grad_norm``, the gradient norm before clipping to ``config.max_grad_norm`` (each a mean

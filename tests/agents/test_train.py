@@ -487,3 +487,16 @@ def test_the_credit_generator_is_keyed_by_seed_and_update():
     assert np.array_equal(a, credit_generator(0, 1).random(4))
     assert not np.array_equal(a, credit_generator(0, 2).random(4))
     assert not np.array_equal(a, credit_generator(1, 1).random(4))
+
+
+def test_a_run_that_chose_is_loaded_choosing(tmp_path, policy_factory):
+    """``twice eval`` and a resumed run play as the run trained. Break: load_run_policy ignoring ``choose``."""
+    policy = policy_factory()
+    policy.model.save_pretrained(tmp_path / "model")
+    policy.tokenizer.save_pretrained(tmp_path / "model")
+    train(toy_config(tmp_path / "c", updates=1, choose="sum"), policy=policy, progress=False)
+    train(toy_config(tmp_path / "g", updates=1), policy=policy_factory(), progress=False)
+    chose, _ = load_run_policy(tmp_path / "c" / "run", model=str(tmp_path / "model"))
+    wrote, _ = load_run_policy(tmp_path / "g" / "run", model=str(tmp_path / "model"))
+    assert getattr(chose, "chooses", False) and chose.score == "sum"
+    assert not getattr(wrote, "chooses", False)
