@@ -32,7 +32,7 @@ import torch
 
 import twice_envs
 from twice_envs.agents.models.load import load_policy, resolve_model_dir
-from twice_envs.agents.models.recipes import play_settings, transcript_env_kwargs
+from twice_envs.agents.models.recipes import _trained_config, play_settings, transcript_env_kwargs
 from twice_envs.agents.models.transcripts import _admissible_agent, scripted_agent
 from twice_envs.agents.rollout.episodes import Task, rollout
 from twice_envs.agents.sampling.choice import DEFAULT_SCORE, SCORES, ChoicePolicy, choice_key
@@ -152,13 +152,12 @@ def choice_nll(model, batch, encode, eos) -> float:
         return float(-choice_logprobs(model, batch.input_ids, batch.choices, encode, eos).mean())
 
 
-def imitation_loss(model, batch, encode, eos) -> tuple[torch.Tensor, int]:
-    """``-(token log-likelihood + choice log-likelihood) / units`` of a packed batch, and its units."""
-    units = max(batch.num_units, 1)
+def imitation_loss(model, batch, encode, eos) -> torch.Tensor:
+    """``-(token log-likelihood + choice log-likelihood) / units`` of a packed batch."""
     total = (token_logprobs(model, batch) * batch.loss_mask).sum()
     if batch.choices:
         total = total + choice_logprobs(model, batch.input_ids, batch.choices, encode, eos).sum()
-    return -total / units, units
+    return -total / max(batch.num_units, 1)
 
 
 def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print) -> dict:
@@ -169,10 +168,9 @@ def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print)
     policy = load_policy(start)
     t0 = time.perf_counter()
     with torch_threads(config.threads):
-        eps, unmatched = teacher_episodes(policy, config, env_kwargs=_teacher_env_kwargs(src, config.env,
-                                                                                          settings["env_kwargs"]),
-                                          max_turns=settings.get("max_turns"), window=settings.get("window"),
-                                          agent_options=_agent_options(src, config.env))
+        env_kwargs, agent_options = _teacher_settings(src, config.env, settings["env_kwargs"])
+        eps, unmatched = teacher_episodes(policy, config, env_kwargs=env_kwargs, max_turns=settings.get("max_turns"),
+                                          window=settings.get("window"), agent_options=agent_options)
         chosen = sum(t.choice is not None for e in eps for t in e.turns)
         success = float(np.mean([e.utility > 0 for e in eps]))
         log(f"teacher: {len(eps)} episodes, success {success:.3f}, {chosen} chosen turns, "
@@ -188,14 +186,14 @@ def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print)
         held = list(range(min(16, len(eps))))
         probe = pack([eps[i] for i in held], [ones[i] for i in held])
         with torch.no_grad():
-            before = float(imitation_loss(model, probe, encode, tok.eos_token_id)[0])
+            before = float(imitation_loss(model, probe, encode, tok.eos_token_id))
         choice_before = choice_nll(model, probe, encode, tok.eos_token_id)
         order: list[int] = []
         for step in range(config.steps):
             if len(order) < config.batch_size:
                 order += list(rng.permutation(len(eps)))
             idx, order = order[:config.batch_size], order[config.batch_size:]
-            loss, _ = imitation_loss(model, pack([eps[i] for i in idx], [ones[i] for i in idx]), encode,
+            loss = imitation_loss(model, pack([eps[i] for i in idx], [ones[i] for i in idx]), encode,
                                      tok.eos_token_id)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -205,7 +203,7 @@ def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print)
                 log(f"step {step + 1}/{config.steps}: loss {float(loss.detach()):.4f} ({time.perf_counter() - t0:.0f} s)")
         model.eval()
         with torch.no_grad():
-            after = float(imitation_loss(model, probe, encode, tok.eos_token_id)[0])
+            after = float(imitation_loss(model, probe, encode, tok.eos_token_id))
         choice_after = choice_nll(model, probe, encode, tok.eos_token_id)
     figures = {"start": str(start), "config": asdict(config), "teacher_episodes": len(eps),
                "teacher_success": success, "chosen_turns": chosen, "unmatched": unmatched,
@@ -217,21 +215,15 @@ def imitate_choices(start: str, out: str, config: ImitationConfig, *, log=print)
     return figures
 
 
-def _teacher_env_kwargs(src: Path, env_id: str, played: dict) -> dict:
-
-    """The env the start model's transcripts were played on (its recipe's training games, for ALFWorld the
-    generated training collection), with the kwargs it plays with."""
-    meta = json.loads((src / "twice_model.json").read_text()) if (src / "twice_model.json").exists() else {}
-    cfg = meta.get("config") or {}
+def _teacher_settings(src: Path, env_id: str, played: dict) -> tuple[dict, dict]:
+    """``(env kwargs, agent options)`` of the start model's transcripts, from its build's config: the env they
+    were played on (its recipe's training games, for ALFWorld the generated training collection) with the
+    kwargs it plays with, and the teacher's options (``tagged`` turns)."""
+    cfg = _trained_config(src)
     recipe = SimpleNamespace(env_kwargs=cfg.get("env_kwargs") or {}, alfworld_games=int(cfg.get("alfworld_games") or 0),
                              alfworld_rooms=int(cfg.get("alfworld_rooms") or 0))
-    return {**transcript_env_kwargs(recipe, env_id), **played}
-
-
-def _agent_options(src: Path, env_id: str) -> dict:
-    """The teacher options the start model's recipe played its transcripts with (``tagged`` turns)."""
-    meta = json.loads((src / "twice_model.json").read_text()) if (src / "twice_model.json").exists() else {}
-    return dict(((meta.get("config") or {}).get("agent_options") or {}).get(env_id) or {})
+    return ({**transcript_env_kwargs(recipe, env_id), **played},
+            dict((cfg.get("agent_options") or {}).get(env_id) or {}))
 
 
 def _save(src: Path, model, tokenizer, out: Path, figures: dict) -> None:
